@@ -1,0 +1,48 @@
+# Thin wrapper over CMake presets. `make run` and `make test` work on a fresh Debian 12 machine:
+# both run scripts/setup first (idempotent; quick when everything is installed).
+JOBS ?= $(shell nproc)
+
+.PHONY: all setup build build-asan run test test-default test-asan bench format clean
+
+all: build
+
+setup:
+	@scripts/setup
+
+build: setup
+	cmake --preset default
+	cmake --build --preset default -j $(JOBS)
+
+build-asan: setup
+	cmake --preset asan
+	cmake --build --preset asan -j $(JOBS)
+
+# The main job on the built-in default: generate with the `small` model (FP8 prefill weights,
+# INT4 decode weights, FP8 KV cache), then a short serving benchmark.
+KVGUARD = ./build/default/tools/kvguard
+run: build
+	$(KVGUARD) version
+	$(KVGUARD) generate --model small --prompt "Once upon a time" --max-tokens 48
+	$(KVGUARD) bench --model small --context 256 --concurrency 1,4,16 \
+	  --configs int4/fp8_e4m3,int4/bf16 --requests-per-client 1
+
+# Every test: the default preset's suite, then the same suite under ASan + UBSan.
+test: test-default test-asan
+
+test-default: build
+	ctest --preset default -j $(JOBS)
+
+test-asan: build-asan
+	ctest --preset asan -j $(JOBS)
+
+# The recorded benchmark runs (bench/results/): kernels, the serving experiment, quality.
+bench: build
+	$(KVGUARD) bench kernels --markdown bench/results/kernels.md --json bench/results/kernels.json
+	$(KVGUARD) bench --out bench/results/engine
+	$(KVGUARD) eval --out bench/results/eval
+
+format:
+	clang-format -i $$(git ls-files '*.h' '*.cc' '*.cu')
+
+clean:
+	rm -rf build

@@ -1,0 +1,173 @@
+// Paged decode attention: one decode step of one layer, Llama-3-8B-like shape (32 query heads,
+// 8 kv heads, head_dim 128, P = 16), with every request's pages scattered over the pool in a
+// shuffled order, as a long-running server's pool ends up.
+//
+//   BM_PagedAttention/<dtype>/ctx:C/batch:B/threads:T
+//     dtype fp8 (e4m3 + per-head scales), bf16, fp32; contexts 512, 4096, 16384 tokens with
+//     batch = 65536 / C, so that each step reads 128 MiB of FP8 KV (256 MiB BF16, 512 MiB FP32),
+//     far beyond the caches; plus batch 1 at 16384 (32 MiB FP8: latency of one long request).
+// kBytes = the K and V bytes a step must read (all kv heads, all tokens) plus the FP8 scales;
+// compare it with BM_StreamRead at the same thread count from the same run.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <tuple>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/formats.h"
+
+namespace kvguard::bench {
+namespace {
+
+using kernels::DecodeQuery;
+using kernels::KvDtype;
+using kernels::PagedKvView;
+
+constexpr int kHeads = 32;
+constexpr int kKvHeads = 8;
+constexpr int kDim = 128;
+constexpr int kPage = 16;
+
+uint64_t Mix(uint64_t x) {  // SplitMix64 finaliser: cheap, deterministic fill values
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Uniform returns a float in [-1, 1) from hash bits.
+float Uniform(uint64_t bits) { return static_cast<float>(bits >> 40) * 0x1p-23f - 1.0f; }
+
+// Step is one decode step's inputs: a pool holding batch * ctx tokens in shuffled pages, the
+// page tables, queries and outputs.
+struct Step {
+  KvDtype dtype;
+  int ctx = 0;
+  int batch = 0;
+  std::unique_ptr<uint8_t[], FreeDeleter> k, v;
+  std::vector<float> k_scale, v_scale, q, out;
+  std::vector<int32_t> page_ids;  // [batch, ctx / kPage]
+  std::vector<DecodeQuery> queries;
+  PagedKvView view;
+  size_t kv_bytes = 0;  // bytes the kernel must read per step
+
+  Step(KvDtype dtype_in, int ctx_in, int batch_in) : dtype(dtype_in), ctx(ctx_in), batch(batch_in) {
+    const size_t esize = kernels::KvDtypeBytes(dtype);
+    const int pages_per_request = ctx / kPage;
+    const size_t num_pages = static_cast<size_t>(batch) * pages_per_request;
+    const size_t head_stride = static_cast<size_t>(kPage) * kDim;
+    const size_t page_stride = head_stride * kKvHeads;
+    const size_t bytes = num_pages * page_stride * esize;
+    k = AllocTouched<uint8_t>(bytes);
+    v = AllocTouched<uint8_t>(bytes);
+    Fill(k.get(), bytes / esize, 1);
+    Fill(v.get(), bytes / esize, 2);
+    k_scale.assign(kKvHeads, 2.0f / kernels::kFp8E4m3Max);
+    v_scale.assign(kKvHeads, 2.0f / kernels::kFp8E4m3Max);
+
+    page_ids.resize(num_pages);
+    std::iota(page_ids.begin(), page_ids.end(), 0);
+    for (size_t i = num_pages; i > 1; --i) std::swap(page_ids[i - 1], page_ids[Mix(i) % i]);
+
+    q.resize(static_cast<size_t>(batch) * kHeads * kDim);
+    for (size_t i = 0; i < q.size(); ++i) q[i] = Uniform(Mix(i + 3));
+    out.assign(q.size(), 0.0f);
+    queries.resize(static_cast<size_t>(batch));
+    for (int r = 0; r < batch; ++r) {
+      queries[r].q = q.data() + static_cast<size_t>(r) * kHeads * kDim;
+      queries[r].page_table = page_ids.data() + static_cast<size_t>(r) * pages_per_request;
+      queries[r].length = ctx;
+      queries[r].out = out.data() + static_cast<size_t>(r) * kHeads * kDim;
+    }
+
+    view.dtype = dtype;
+    view.page_size = kPage;
+    view.num_kv_heads = kKvHeads;
+    view.head_dim = kDim;
+    view.k = k.get();
+    view.v = v.get();
+    view.page_stride = static_cast<int64_t>(page_stride);
+    view.head_stride = static_cast<int64_t>(head_stride);
+    if (dtype == KvDtype::kFp8E4m3) {
+      view.k_scale = k_scale.data();
+      view.v_scale = v_scale.data();
+    }
+    kv_bytes = 2 * bytes + (dtype == KvDtype::kFp8E4m3 ? 2 * kKvHeads * sizeof(float) : 0);
+  }
+
+  // Fill writes `count` elements of values in [-2, 2) (FP8: codes of them, never NaN): a 1 MiB
+  // tile of random values, repeated, so that rebuilding a pool between interleaved runs is cheap.
+  void Fill(uint8_t* p, size_t count, uint64_t seed) const {
+    const size_t esize = kernels::KvDtypeBytes(dtype);
+    const size_t tile = std::min(count, (size_t{1} << 20) / esize);
+    for (size_t i = 0; i < tile; ++i) {
+      const float x = 2.0f * Uniform(Mix(i * 4 + seed));
+      switch (dtype) {
+        case KvDtype::kFp32:
+          std::memcpy(p + i * 4, &x, 4);
+          break;
+        case KvDtype::kBf16: {
+          const uint16_t b = kernels::Bf16FromFloat(x);
+          std::memcpy(p + i * 2, &b, 2);
+          break;
+        }
+        case KvDtype::kFp8E4m3:
+          p[i] = kernels::Fp8E4m3FromFloat(x / (2.0f / kernels::kFp8E4m3Max));
+          break;
+      }
+    }
+    for (size_t i = tile; i < count; i += tile) {
+      std::memcpy(p + i * esize, p, std::min(tile, count - i) * esize);
+    }
+  }
+};
+
+// GetStep keeps the last step built: the 1- and 2-thread runs of a shape share it, and only one
+// pool (up to 1 GiB for FP32) is alive at a time.
+Step& GetStep(KvDtype dtype, int ctx, int batch) {
+  static std::unique_ptr<Step> step;
+  if (!step || std::tie(step->dtype, step->ctx, step->batch) != std::tie(dtype, ctx, batch)) {
+    step.reset();
+    step = std::make_unique<Step>(dtype, ctx, batch);
+  }
+  return *step;
+}
+
+void BM_PagedAttention(benchmark::State& state, KvDtype dtype) {
+  const int ctx = static_cast<int>(state.range(0));
+  const int batch = static_cast<int>(state.range(1));
+  const int threads = static_cast<int>(state.range(2));
+  Step& step = GetStep(dtype, ctx, batch);
+  kernels::ThreadPool* pool = Pool(threads);
+  const float softmax_scale = 1.0f / 11.313708f;  // 1 / sqrt(128)
+  for (auto _ : state) {
+    kernels::PagedDecodeAttention(step.view, kHeads, softmax_scale, step.queries.data(), batch,
+                                  pool);
+    benchmark::DoNotOptimize(step.out.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters[kBytes] = benchmark::Counter(static_cast<double>(step.kv_bytes),
+                                              benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void Shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"ctx", "batch", "threads"});
+  for (int ctx : {512, 4096, 16384}) {
+    for (int threads : {1, 2}) b->Args({ctx, 65536 / ctx, threads});
+  }
+  for (int threads : {1, 2}) b->Args({16384, 1, threads});
+  b->UseRealTime()->Unit(benchmark::kMillisecond);
+}
+
+BENCHMARK_CAPTURE(BM_PagedAttention, fp8, KvDtype::kFp8E4m3)->Apply(Shapes);
+BENCHMARK_CAPTURE(BM_PagedAttention, bf16, KvDtype::kBf16)->Apply(Shapes);
+BENCHMARK_CAPTURE(BM_PagedAttention, fp32, KvDtype::kFp32)->Apply(Shapes);
+
+}  // namespace
+}  // namespace kvguard::bench

@@ -1,0 +1,145 @@
+// y = W x with quantised weights, judged against STREAM read bandwidth.
+//
+//   BM_MatMul/<fp32|bf16|fp8|int4>/<rows>x<cols>/batch:<1|8>/threads:<1|2>
+// at 4096x4096 and 11008x4096 (an FFN up projection), INT4 with groups of 128. Bytes per
+// iteration = WeightBytes(W) (codes plus scales): decode reads every weight once per step, and
+// x and y are small. Each iteration uses the next of several copies of W, more than 512 MiB in
+// all, so the weights come from DRAM, not from a last-level cache.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/quantize.h"
+
+namespace kvguard::bench {
+namespace {
+
+using kernels::QuantizedMatrix;
+using kernels::WeightFormat;
+using kernels::WeightView;
+
+constexpr size_t kMinTotalBytes = size_t{512} << 20;
+constexpr int kInt4Group = 128;
+
+const char* FormatName(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::kFp32:
+      return "fp32";
+    case WeightFormat::kBf16:
+      return "bf16";
+    case WeightFormat::kFp8:
+      return "fp8";
+    case WeightFormat::kInt4:
+      return "int4";
+  }
+  return "?";
+}
+
+// Master returns one quantised matrix per (format, shape), made once from N(0, 1) weights.
+const QuantizedMatrix& Master(WeightFormat format, int rows, int cols) {
+  static std::map<std::tuple<WeightFormat, int, int>, QuantizedMatrix> masters;
+  auto it = masters.find({format, rows, cols});
+  if (it != masters.end()) return it->second;
+  std::mt19937 rng(rows * 31 + cols);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  std::vector<float> w(static_cast<size_t>(rows) * cols);
+  for (float& v : w) v = normal(rng);
+  return masters[{format, rows, cols}] =
+             kernels::QuantizeMatrix(w.data(), rows, cols, format, kInt4Group);
+}
+
+// Copies holds enough copies of one matrix to exceed kMinTotalBytes, each in its own touched
+// buffers (codes and scales alike, since both are read from DRAM in a real step).
+struct Copies {
+  std::tuple<WeightFormat, int, int> key;
+  std::vector<std::unique_ptr<uint8_t[], FreeDeleter>> buffers;
+  std::vector<WeightView> views;
+};
+
+template <typename T>
+const T* CopyOf(const std::vector<T>& v, Copies& c) {
+  if (v.empty()) return nullptr;
+  auto buf = AllocTouched<uint8_t>(v.size() * sizeof(T));
+  std::memcpy(buf.get(), v.data(), v.size() * sizeof(T));
+  const T* p = reinterpret_cast<const T*>(buf.get());
+  c.buffers.push_back(std::move(buf));
+  return p;
+}
+
+// WeightCopies returns the copies for (format, rows, cols). Only one set lives at a time (they
+// are large); random interleaving rebuilds it, outside the timed loop.
+const Copies& WeightCopies(WeightFormat format, int rows, int cols) {
+  static std::unique_ptr<Copies> current;
+  const auto key = std::make_tuple(format, rows, cols);
+  if (current != nullptr && current->key == key) return *current;
+  current.reset();
+  const QuantizedMatrix& m = Master(format, rows, cols);
+  auto copies = std::make_unique<Copies>();
+  copies->key = key;
+  const size_t bytes = kernels::WeightBytes(m.view());
+  const size_t count = std::max<size_t>(2, (kMinTotalBytes + bytes - 1) / bytes);
+  for (size_t i = 0; i < count; ++i) {
+    WeightView v = m.view();
+    v.data = CopyOf(m.data, *copies);
+    v.row_scales = CopyOf(m.row_scales, *copies);
+    v.group_scales = CopyOf(m.group_scales, *copies);
+    copies->views.push_back(v);
+  }
+  current = std::move(copies);
+  return *current;
+}
+
+void BM_MatMul(benchmark::State& state, WeightFormat format, int rows, int cols, int batch,
+               int threads) {
+  const Copies& copies = WeightCopies(format, rows, cols);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(batch) * cols);
+  for (float& v : x) v = normal(rng);
+  std::vector<float> y(static_cast<size_t>(batch) * rows);
+  kernels::ThreadPool* pool = Pool(threads);
+  size_t next = 0;
+  for (auto _ : state) {
+    kernels::MatMul(copies.views[next], x.data(), batch, y.data(), pool);
+    next = next + 1 == copies.views.size() ? 0 : next + 1;
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters[kBytes] =
+      benchmark::Counter(static_cast<double>(kernels::WeightBytes(copies.views[0])),
+                         benchmark::Counter::kIsIterationInvariantRate);
+}
+
+const bool kRegistered = [] {
+  const std::pair<int, int> shapes[] = {{4096, 4096}, {11008, 4096}};
+  for (WeightFormat f :
+       {WeightFormat::kFp32, WeightFormat::kBf16, WeightFormat::kFp8, WeightFormat::kInt4}) {
+    for (const auto& [rows, cols] : shapes) {
+      for (int batch : {1, 8}) {
+        for (int threads : {1, 2}) {
+          const std::string name = std::string("BM_MatMul/") + FormatName(f) + "/" +
+                                   std::to_string(rows) + "x" + std::to_string(cols) +
+                                   "/batch:" + std::to_string(batch) +
+                                   "/threads:" + std::to_string(threads);
+          benchmark::RegisterBenchmark(name.c_str(), BM_MatMul, f, rows, cols, batch, threads)
+              ->UseRealTime()
+              ->Unit(benchmark::kMicrosecond);
+        }
+      }
+    }
+  }
+  return true;
+}();
+
+}  // namespace
+}  // namespace kvguard::bench

@@ -1,0 +1,418 @@
+#include "core/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <utility>
+
+#include "absl/base/internal/raw_logging.h"
+#include "absl/strings/str_cat.h"
+
+namespace kvguard::core {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+}  // namespace
+
+std::string FinishReasonName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kEos:
+      return "eos";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kError:
+      return "error";
+  }
+  return "?";
+}
+
+struct Engine::Request {
+  Request(RequestId id, GenerationRequest r)
+      : id(id),
+        req(std::move(r)),
+        tokens(req.prompt),
+        prompt_len(static_cast<int>(req.prompt.size())),
+        sampler(req.sampling),
+        stop(*StopMatcher::Create(req.stop)) {}  // validated by Submit
+
+  enum class State { kWaiting, kPrefilling, kHandedOver, kRunning, kDone };
+
+  RequestId id;
+  GenerationRequest req;
+  std::vector<int> tokens;  // the whole sequence: prompt, then every generated token
+  int prompt_len;
+  int generated = 0;
+  std::vector<PageGrant> pages;  // in token order
+  int kv_len = 0;                // tokens whose K and V are in `pages`
+  Sampler sampler;
+  Utf8StreamDecoder utf8;
+  StopMatcher stop;
+  State state = State::kWaiting;
+  bool cancelled = false;
+  bool admitted_once = false;
+  Clock::time_point submitted = Clock::now();
+  Clock::time_point last_token;
+  GenerationResult result;
+
+  // PrefillLength is how many tokens prefill must place in the cache: the prompt for a new
+  // request; for a preempted one every token but the last, which is the next decode input.
+  int PrefillLength() const {
+    return generated == 0 ? prompt_len : static_cast<int>(tokens.size()) - 1;
+  }
+};
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Model> model,
+                                                       std::shared_ptr<const Tokenizer> tokenizer,
+                                                       std::unique_ptr<KvPool> pool,
+                                                       const EngineOptions& options) {
+  if (model == nullptr || tokenizer == nullptr || pool == nullptr) {
+    return absl::InvalidArgumentError("engine needs a model, a tokenizer and a KV pool");
+  }
+  if (options.max_batch < 1 || options.max_batch > kMaxDecodeBatch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_batch ", options.max_batch, " must be in [1, ", kMaxDecodeBatch, "]"));
+  }
+  if (options.reserve_pages < 0) return absl::InvalidArgumentError("reserve_pages < 0");
+  if (pool->dtype() == kernels::KvDtype::kFp8E4m3 && !pool->has_fp8_scales()) {
+    if (model->fp8_k_scales().empty()) {
+      return absl::FailedPreconditionError(
+          "FP8 KV cache without calibrated scales (run Model::CalibrateKvScales)");
+    }
+    if (absl::Status s = pool->SetFp8Scales(model->fp8_k_scales(), model->fp8_v_scales());
+        !s.ok()) {
+      return s;
+    }
+  }
+  return std::unique_ptr<Engine>(
+      new Engine(std::move(model), std::move(tokenizer), std::move(pool), options));
+}
+
+Engine::Engine(std::shared_ptr<Model> model, std::shared_ptr<const Tokenizer> tokenizer,
+               std::unique_ptr<KvPool> pool, const EngineOptions& options)
+    : model_(std::move(model)),
+      tokenizer_(std::move(tokenizer)),
+      pool_(std::move(pool)),
+      options_(options),
+      prefill_pool_(options.prefill_threads),
+      decode_pool_(options.decode_threads) {
+  stats_.total_pages = pool_->num_pages();
+  prefill_thread_ = std::thread([this] { PrefillLoop(); });
+  decode_thread_ = std::thread([this] { DecodeLoop(); });
+}
+
+Engine::~Engine() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    for (auto& [id, r] : requests_) r->cancelled = true;
+  }
+  prefill_thread_.join();
+  decode_thread_.join();
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, r] : requests_) {
+    if (r->state != Request::State::kDone) FinishLocked(r.get(), FinishReason::kCancelled, {});
+  }
+}
+
+absl::StatusOr<RequestId> Engine::Submit(GenerationRequest request) {
+  const ModelConfig& c = model_->config();
+  const int n = static_cast<int>(request.prompt.size());
+  if (n == 0) return absl::InvalidArgumentError("empty prompt: nothing to continue from");
+  if (n >= c.max_context) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt of ", n, " tokens leaves no room in the context of ", c.max_context, " tokens"));
+  }
+  if (request.max_tokens < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_tokens must be >= 1 (got ", request.max_tokens, ")"));
+  }
+  for (int t : request.prompt) {
+    if (t < 0 || t >= c.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prompt token id ", t, " outside the vocabulary of ", c.vocab_size));
+    }
+  }
+  if (absl::Status s = request.sampling.Validate(); !s.ok()) return s;
+  if (absl::Status s = StopMatcher::Validate(request.stop); !s.ok()) return s;
+  const int P = pool_->page_size();
+  const int need = (n + P - 1) / P + options_.reserve_pages;
+  if (need > pool_->num_pages()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "prompt of ", n, " tokens needs ", need, " KV pages with the reserve; the pool has ",
+        pool_->num_pages(), " (", pool_->capacity_tokens(), " tokens)"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return absl::UnavailableError("engine is shutting down");
+  const RequestId id = next_id_++;
+  auto r = std::make_unique<Request>(id, std::move(request));
+  r->result.id = id;
+  waiting_.push_back(r.get());
+  requests_[id] = std::move(r);
+  ++stats_.submitted;
+  return id;
+}
+
+void Engine::Cancel(RequestId id) {
+  absl::MutexLock lock(&mu_);
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  Request* r = it->second.get();
+  if (r->state == Request::State::kDone) return;
+  r->cancelled = true;
+  if (r->state == Request::State::kWaiting) {
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), r));
+    FinishLocked(r, FinishReason::kCancelled, {});
+  }
+  // Prefilling, handed over or running: the worker that holds it finishes it.
+}
+
+absl::StatusOr<GenerationResult> Engine::Wait(RequestId id) {
+  absl::MutexLock lock(&mu_);
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("no request ", id));
+  Request* r = it->second.get();
+  mu_.Await(absl::Condition(
+      +[](Request* r) { return r->state == Request::State::kDone; }, r));
+  GenerationResult result = std::move(r->result);
+  requests_.erase(it);
+  return result;
+}
+
+EngineStats Engine::stats() const {
+  absl::MutexLock lock(&mu_);
+  EngineStats s = stats_;
+  s.queued = static_cast<int>(waiting_.size());
+  s.prefilling = prefilling_;
+  s.running = static_cast<int>(running_.size() + handed_over_.size());
+  s.free_pages = pool_->allocator().free_pages();
+  return s;
+}
+
+void Engine::ReleasePagesLocked(Request* r) {
+  for (const PageGrant& g : r->pages) {
+    const absl::Status s = pool_->allocator().Release(r->id, g);
+    ABSL_RAW_CHECK(s.ok(), "engine released a page it does not hold");
+  }
+  r->pages.clear();
+  r->kv_len = 0;
+}
+
+void Engine::FinishLocked(Request* r, FinishReason reason, absl::Status status) {
+  ReleasePagesLocked(r);
+  if (reason != FinishReason::kStop && reason != FinishReason::kError) {
+    // Whatever text was held back (an incomplete UTF-8 tail, a possible stop prefix) is final.
+    std::string tail = r->stop.Feed(r->utf8.Flush()).emit;
+    tail += r->stop.Flush();
+    if (!tail.empty()) {
+      r->result.text += tail;
+      if (r->req.on_text) r->req.on_text(tail);
+    }
+  }
+  r->result.reason = reason;
+  r->result.status = std::move(status);
+  r->state = Request::State::kDone;
+  ++stats_.finished;
+}
+
+bool Engine::AcceptTokenLocked(Request* r, int token) {
+  const Clock::time_point now = Clock::now();
+  if (r->generated == 0) {
+    r->result.first_token_seconds = Seconds(r->submitted, now);
+  } else {
+    r->result.token_seconds.push_back(Seconds(r->last_token, now));
+  }
+  r->last_token = now;
+  r->tokens.push_back(token);
+  r->result.tokens.push_back(token);
+  ++r->generated;
+
+  const bool eos = r->req.stop_at_eos && token == tokenizer_->eos_id();
+  if (!eos) {
+    const StopMatcher::Result m = r->stop.Feed(r->utf8.Push(tokenizer_->DecodeToken(token)));
+    if (!m.emit.empty()) {
+      r->result.text += m.emit;
+      if (r->req.on_text) r->req.on_text(m.emit);
+    }
+    if (m.stopped) {
+      FinishLocked(r, FinishReason::kStop, {});
+      return true;
+    }
+  }
+  if (eos) {
+    FinishLocked(r, FinishReason::kEos, {});
+  } else if (r->generated >= r->req.max_tokens ||
+             static_cast<int>(r->tokens.size()) >= model_->config().max_context) {
+    FinishLocked(r, FinishReason::kLength, {});
+  }
+  return r->state == Request::State::kDone;
+}
+
+void Engine::CheckAccountingLocked() {
+  const absl::Status s = pool_->allocator().CheckAccounting();
+  if (!s.ok()) ABSL_RAW_LOG(FATAL, "%s", std::string(s.message()).c_str());
+  int held = 0;
+  for (const auto& [id, r] : requests_) held += static_cast<int>(r->pages.size());
+  ABSL_RAW_CHECK(held == pool_->allocator().used_pages(),
+                 "pages held by requests != pages in use in the pool");
+}
+
+void Engine::PrefillLoop() {
+  const ModelConfig& c = model_->config();
+  const int P = pool_->page_size();
+  std::vector<float> logits(c.vocab_size);
+  for (;;) {
+    Request* r = nullptr;
+    int n = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      // Admit the oldest waiting request once the pool holds its pages plus the reserve
+      // and the decode batch has room for it.
+      auto ready = [this, P]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        if (stopping_) return true;
+        if (waiting_.empty()) return false;
+        const int in_flight = prefilling_ + static_cast<int>(running_.size() + handed_over_.size());
+        if (in_flight >= options_.max_batch) return false;
+        const int len = waiting_.front()->PrefillLength();
+        return pool_->allocator().free_pages() >= (len + P - 1) / P + options_.reserve_pages;
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (stopping_) return;
+      r = waiting_.front();
+      waiting_.pop_front();
+      n = r->PrefillLength();
+      if ((n + P - 1) / P + options_.reserve_pages > pool_->num_pages()) {
+        FinishLocked(r, FinishReason::kError,
+                     absl::ResourceExhaustedError("sequence outgrew the whole KV pool"));
+        continue;
+      }
+      const absl::Status granted = pool_->allocator().GrantMany(r->id, (n + P - 1) / P, &r->pages);
+      ABSL_RAW_CHECK(granted.ok(), "admission check and grant disagree");
+      r->state = Request::State::kPrefilling;
+      ++prefilling_;
+      if (!r->admitted_once) {
+        r->admitted_once = true;
+        r->result.queue_seconds = Seconds(r->submitted, Clock::now());
+      }
+    }
+    // The model runs without the engine lock: only this thread touches r's pages meanwhile.
+    const absl::Status status = model_->Prefill(std::span<const int>(r->tokens.data(), size_t(n)),
+                                                r->pages, *pool_, logits.data(), &prefill_pool_);
+    absl::MutexLock lock(&mu_);
+    --prefilling_;
+    if (r->cancelled) {
+      FinishLocked(r, FinishReason::kCancelled, {});
+      continue;
+    }
+    if (!status.ok()) {
+      FinishLocked(r, FinishReason::kError, status);
+      continue;
+    }
+    r->kv_len = n;
+    // A new request samples its first token from the prefill logits; a recomputed one
+    // already has its next input (the last token it generated).
+    if (r->generated == 0 && AcceptTokenLocked(r, r->sampler.Sample(logits.data(), c.vocab_size))) {
+      continue;
+    }
+    r->state = Request::State::kHandedOver;
+    handed_over_.push_back(r);
+    if (options_.check_accounting) CheckAccountingLocked();
+  }
+}
+
+void Engine::DecodeLoop() {
+  const ModelConfig& c = model_->config();
+  const int P = pool_->page_size();
+  std::vector<float> logits(static_cast<size_t>(kMaxDecodeBatch) * c.vocab_size);
+  std::vector<Model::DecodeItem> items;
+  std::vector<Request*> batch;
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !running_.empty() || !handed_over_.empty();
+      };
+      mu_.Await(absl::Condition(&has_work));
+      if (stopping_) return;
+      for (Request* r : handed_over_) {
+        r->state = Request::State::kRunning;
+        running_.push_back(r);
+      }
+      handed_over_.clear();
+      // Cancelled requests leave before the step.
+      for (size_t i = 0; i < running_.size();) {
+        if (running_[i]->cancelled) {
+          FinishLocked(running_[i], FinishReason::kCancelled, {});
+          running_.erase(running_.begin() + static_cast<ptrdiff_t>(i));
+        } else {
+          ++i;
+        }
+      }
+      // Every request needs a slot for its next token. Oldest first; when the pool is dry
+      // the newest running request is preempted (pages released, recomputed later).
+      for (size_t i = 0; i < running_.size();) {
+        Request* r = running_[i];
+        if (r->kv_len < static_cast<int>(r->pages.size()) * P) {
+          ++i;
+          continue;
+        }
+        absl::StatusOr<PageGrant> g = pool_->allocator().Grant(r->id);
+        if (g.ok()) {
+          r->pages.push_back(*g);
+          ++i;
+          continue;
+        }
+        Request* victim = running_.back();
+        running_.pop_back();
+        ReleasePagesLocked(victim);
+        victim->state = Request::State::kWaiting;
+        ++victim->result.preemptions;
+        ++stats_.preemptions;
+        waiting_.push_front(victim);
+        // If the victim was r itself the loop ends; otherwise r tries again.
+      }
+      if (running_.empty()) continue;
+      stats_.max_running = std::max(stats_.max_running, static_cast<int>(running_.size()));
+      batch = running_;
+      items.clear();
+      for (Request* r : batch) {
+        items.push_back(Model::DecodeItem{r->tokens.back(), r->kv_len, r->pages});
+      }
+    }
+    // The step runs without the engine lock. The batch's requests cannot finish or lose
+    // pages meanwhile: only this thread finishes, preempts or grows running requests
+    // (Cancel only flags them).
+    const absl::Status status = model_->Decode(items, *pool_, logits.data(), &decode_pool_);
+    absl::MutexLock lock(&mu_);
+    ++stats_.decode_steps;
+    for (size_t b = 0; b < batch.size(); ++b) {
+      Request* r = batch[b];
+      bool done = false;
+      if (!status.ok()) {
+        FinishLocked(r, FinishReason::kError, status);
+        done = true;
+      } else {
+        ++r->kv_len;
+        if (r->cancelled) {
+          FinishLocked(r, FinishReason::kCancelled, {});
+          done = true;
+        } else {
+          done = AcceptTokenLocked(
+              r, r->sampler.Sample(&logits[b * static_cast<size_t>(c.vocab_size)], c.vocab_size));
+        }
+      }
+      if (done) running_.erase(std::find(running_.begin(), running_.end(), r));
+    }
+    if (options_.check_accounting) CheckAccountingLocked();
+  }
+}
+
+}  // namespace kvguard::core

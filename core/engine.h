@@ -1,0 +1,147 @@
+// core/engine.h: continuous-batching decode engine over one shared paged KV pool.
+//
+// Two worker threads, as in disaggregated serving:
+//   * the prefill worker admits waiting requests in arrival order when the pool holds pages
+//     for their prompt plus a reserve, runs prefill (prefill weights), samples the first
+//     token and hands the request, with its pages, to the decode worker;
+//   * the decode worker runs one batched decode step at a time over every running request
+//     (up to max_batch), granting a new page whenever a request crosses a page boundary. When
+//     the pool runs dry it preempts the newest running request: its pages are released and
+//     it goes back to the front of the queue, to be recomputed from its tokens later.
+// Every page a request holds comes from, and goes back to, the pool's PageAllocator under
+// the request's own session id. Nothing here throws; bad requests are refused at Submit.
+#ifndef KVGUARD_CORE_ENGINE_H_
+#define KVGUARD_CORE_ENGINE_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "core/kv_pool.h"
+#include "core/model.h"
+#include "core/sampler.h"
+#include "core/tokenizer.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace kvguard::core {
+
+using RequestId = uint64_t;
+
+struct EngineOptions {
+  int max_batch = 64;       // running requests decoded together (<= kMaxDecodeBatch)
+  int reserve_pages = 1;    // admission needs pages for the prompt plus this many
+  int decode_threads = 2;   // threads of the decode worker's pool
+  int prefill_threads = 2;  // threads of the prefill worker's pool
+  // CHECK pool accounting (free + in use == total, and pages held by requests == pages in
+  // use) after every step: on in debug builds (and the asan preset), and in tests.
+#ifdef NDEBUG
+  bool check_accounting = false;
+#else
+  bool check_accounting = true;
+#endif
+};
+
+enum class FinishReason { kLength, kStop, kEos, kCancelled, kError };
+std::string FinishReasonName(FinishReason reason);
+
+struct GenerationRequest {
+  std::vector<int> prompt;  // token ids, BOS included if the model wants one
+  int max_tokens = 16;      // >= 1
+  SamplingParams sampling;
+  std::vector<std::string> stop;  // stop sequences (text), OpenAI semantics
+  bool stop_at_eos = true;
+  // on_text, if set, receives the text as it becomes final (valid UTF-8, stop sequences
+  // removed), from an engine thread; it must not block for long or call into the engine.
+  std::function<void(std::string_view)> on_text;
+};
+
+struct GenerationResult {
+  RequestId id = 0;
+  std::vector<int> tokens;  // generated ids (the stop sequence's tokens included)
+  std::string text;         // generated text, stop sequence removed
+  FinishReason reason = FinishReason::kError;
+  absl::Status status;  // OK unless reason == kError
+  int preemptions = 0;
+  double queue_seconds = 0;           // submit -> admitted (first admission)
+  double first_token_seconds = 0;     // submit -> first token
+  std::vector<double> token_seconds;  // gap before each token after the first
+};
+
+struct EngineStats {
+  int64_t submitted = 0, finished = 0, preemptions = 0, decode_steps = 0;
+  int queued = 0, prefilling = 0, running = 0;
+  int max_running = 0;  // most requests decoding at once so far
+  int free_pages = 0, total_pages = 0;
+};
+
+class Engine {
+ public:
+  // Create starts the workers. `model` must have FP8 KV scales when pool is FP8.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(std::shared_ptr<Model> model,
+                                                        std::shared_ptr<const Tokenizer> tokenizer,
+                                                        std::unique_ptr<KvPool> pool,
+                                                        const EngineOptions& options);
+  ~Engine();  // cancels everything still running and joins the workers
+
+  // Submit queues a request. InvalidArgument (and nothing queued) for an empty prompt, a
+  // prompt that leaves no room in the context, max_tokens < 1, bad sampling parameters or
+  // stop sequences, a token outside the vocabulary; ResourceExhausted if the whole pool
+  // could never hold the prompt plus the reserve.
+  absl::StatusOr<RequestId> Submit(GenerationRequest request);
+
+  // Cancel finishes request `id` with kCancelled at the next opportunity (queued, during
+  // prefill, or between decode steps) and releases its pages. Unknown ids are ignored.
+  void Cancel(RequestId id);
+
+  // Wait blocks until `id` finishes and returns its result (once; NotFound after that).
+  absl::StatusOr<GenerationResult> Wait(RequestId id);
+
+  EngineStats stats() const;
+  const Model& model() const { return *model_; }
+  const KvPool& pool() const { return *pool_; }
+
+ private:
+  struct Request;
+  Engine(std::shared_ptr<Model> model, std::shared_ptr<const Tokenizer> tokenizer,
+         std::unique_ptr<KvPool> pool, const EngineOptions& options);
+  void PrefillLoop();
+  void DecodeLoop();
+  // Finish records the outcome, releases pages and wakes waiters. Requires mu_.
+  void FinishLocked(Request* r, FinishReason reason, absl::Status status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleasePagesLocked(Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Accept appends sampled token `token` to `r`; returns true if r is now finished.
+  bool AcceptTokenLocked(Request* r, int token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CheckAccountingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  std::shared_ptr<Model> model_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  std::unique_ptr<KvPool> pool_;
+  EngineOptions options_;
+  kernels::ThreadPool prefill_pool_;
+  kernels::ThreadPool decode_pool_;
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  RequestId next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<RequestId, std::unique_ptr<Request>> requests_ ABSL_GUARDED_BY(mu_);
+  std::deque<Request*> waiting_ ABSL_GUARDED_BY(mu_);       // FIFO; preempted go to the front
+  std::vector<Request*> handed_over_ ABSL_GUARDED_BY(mu_);  // prefilled, not yet running
+  std::vector<Request*> running_ ABSL_GUARDED_BY(mu_);      // decode worker's batch
+  int prefilling_ ABSL_GUARDED_BY(mu_) = 0;
+  EngineStats stats_ ABSL_GUARDED_BY(mu_);
+
+  std::thread prefill_thread_;
+  std::thread decode_thread_;
+};
+
+}  // namespace kvguard::core
+
+#endif  // KVGUARD_CORE_ENGINE_H_

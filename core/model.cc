@@ -1,0 +1,426 @@
+#include "core/model.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/ops.h"
+
+namespace kvguard::core {
+
+using kernels::QuantizedMatrix;
+using kernels::WeightFormat;
+
+absl::StatusOr<WeightFormat> ParseWeightFormat(const std::string& name) {
+  if (name == "fp32") return WeightFormat::kFp32;
+  if (name == "bf16") return WeightFormat::kBf16;
+  if (name == "fp8") return WeightFormat::kFp8;
+  if (name == "int4") return WeightFormat::kInt4;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown weight format '", name, "' (fp32, bf16, fp8, int4)"));
+}
+
+std::string WeightFormatName(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::kFp32:
+      return "fp32";
+    case WeightFormat::kBf16:
+      return "bf16";
+    case WeightFormat::kFp8:
+      return "fp8";
+    case WeightFormat::kInt4:
+      return "int4";
+  }
+  return "?";
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Load(const WeightSource& source,
+                                                   const ModelOptions& options,
+                                                   kernels::ThreadPool* /*pool*/) {
+  if (options.prefill_weights == WeightFormat::kInt4) {
+    return absl::InvalidArgumentError(
+        "prefill weights cannot be int4: prefill is compute-bound (use fp8, bf16 or fp32)");
+  }
+  if (options.decode_weights == WeightFormat::kInt4 &&
+      !kernels::IsValidInt4Group(options.int4_group)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("int4 group ", options.int4_group, " must be 32, 64 or 128"));
+  }
+  const ModelConfig& c = source.config();
+  if (absl::Status s = c.Validate(); !s.ok()) return s;
+  std::unique_ptr<Model> m(new Model());
+  m->config_ = c;
+  m->options_ = options;
+
+  auto read = [&](const std::string& name, std::vector<float>* out) -> absl::Status {
+    absl::Status s = source.ReadTensor(name, out);
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("loading ", name, ": ", s.message()));
+    for (float v : *out) {
+      if (!std::isfinite(v)) return absl::DataLossError(absl::StrCat(name, ": non-finite weight"));
+    }
+    return absl::OkStatus();
+  };
+  if (auto s = read("token_embd.weight", &m->token_embd_); !s.ok()) return s;
+  if (auto s = read("output_norm.weight", &m->output_norm_); !s.ok()) return s;
+
+  // Every matrix is a job: read it as FP32, quantise it into both phases' formats (sharing
+  // one matrix when they agree), drop the FP32 copy. Jobs run on all cores: quantising the
+  // medium model's 1.1e9 weights twice is the bulk of its load time.
+  struct Job {
+    std::string name;
+    const QuantizedMatrix** out;  // [2]: prefill, decode
+  };
+  std::vector<Job> jobs;
+  jobs.push_back({c.tied_embeddings ? "token_embd.weight" : "output.weight", m->output_});
+  m->layers_.resize(c.n_layers);
+  for (int l = 0; l < c.n_layers; ++l) {
+    Layer& L = m->layers_[l];
+    if (auto s = read(LayerTensorName(l, "attn_norm.weight"), &L.attn_norm); !s.ok()) return s;
+    if (auto s = read(LayerTensorName(l, "ffn_norm.weight"), &L.ffn_norm); !s.ok()) return s;
+    const std::pair<const char*, const QuantizedMatrix**> mats[] = {
+        {"attn_q.weight", L.wq},      {"attn_k.weight", L.wk},     {"attn_v.weight", L.wv},
+        {"attn_output.weight", L.wo}, {"ffn_gate.weight", L.gate}, {"ffn_up.weight", L.up},
+        {"ffn_down.weight", L.down}};
+    for (const auto& [suffix, dst] : mats) jobs.push_back({LayerTensorName(l, suffix), dst});
+  }
+  const int int4_group = options.int4_group;
+  absl::Mutex mu;
+  absl::Status first_error;
+  std::atomic<size_t> next{0};
+  // RunJobs quantises `values` [rows, cols] for job `job`. INT4 takes the largest group
+  // <= int4_group that divides cols; a matrix whose width no INT4 group divides (e.g.
+  // ffn_dim 172) is kept in FP8 for decode instead, and counted in int4_fallbacks_.
+  auto run_jobs = [&] {
+    std::vector<float> w;
+    for (size_t j; (j = next.fetch_add(1)) < jobs.size();) {
+      int rows = 0, cols = 0;
+      absl::Status s = TensorShape(c, jobs[j].name, &rows, &cols);
+      if (s.ok()) s = read(jobs[j].name, &w);
+      if (!s.ok()) {
+        absl::MutexLock lock(&mu);
+        if (first_error.ok()) first_error = s;
+        return;
+      }
+      WeightFormat f[2] = {options.prefill_weights, options.decode_weights};
+      int group = int4_group;
+      bool fallback = false;
+      if (f[1] == WeightFormat::kInt4) {
+        while (group >= 32 && cols % group != 0) group /= 2;
+        if (group < 32) f[1] = WeightFormat::kFp8, fallback = true;
+      }
+      std::unique_ptr<QuantizedMatrix> q[2];
+      for (int phase = 0; phase < 2; ++phase) {
+        if (phase == 1 && f[1] == f[0]) break;
+        q[phase] = std::make_unique<QuantizedMatrix>(
+            kernels::QuantizeMatrix(w.data(), rows, cols, f[phase], group));
+      }
+      absl::MutexLock lock(&mu);
+      jobs[j].out[0] = q[0].get();
+      jobs[j].out[1] = q[1] ? q[1].get() : q[0].get();
+      m->matrices_.push_back(std::move(q[0]));
+      if (q[1]) m->matrices_.push_back(std::move(q[1]));
+      m->int4_fallbacks_ += fallback;
+    }
+  };
+  const unsigned threads = std::max(1u, std::min(4u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> workers;
+  for (unsigned t = 1; t < threads; ++t) workers.emplace_back(run_jobs);
+  run_jobs();
+  for (auto& t : workers) t.join();
+  if (!first_error.ok()) return first_error;
+  return m;
+}
+
+size_t Model::WeightBytes() const {
+  size_t bytes = (token_embd_.size() + output_norm_.size()) * sizeof(float);
+  for (const auto& q : matrices_) bytes += kernels::WeightBytes(q->view());
+  for (const Layer& L : layers_) bytes += (L.attn_norm.size() + L.ffn_norm.size()) * 4;
+  return bytes;
+}
+
+size_t Model::DecodeWeightBytesPerStep() const {
+  size_t bytes = kernels::WeightBytes(output_[kDecode]->view());
+  for (const Layer& L : layers_) {
+    for (const QuantizedMatrix* q :
+         {L.wq[1], L.wk[1], L.wv[1], L.wo[1], L.gate[1], L.up[1], L.down[1]}) {
+      bytes += kernels::WeightBytes(q->view());
+    }
+  }
+  return bytes;
+}
+
+void Model::MatMulRows(const QuantizedMatrix& w, const float* x, int rows, float* y,
+                       kernels::ThreadPool* pool) const {
+  for (int r = 0; r < rows; r += kMaxDecodeBatch) {
+    const int batch = std::min(kMaxDecodeBatch, rows - r);
+    kernels::MatMul(w.view(), x + static_cast<size_t>(r) * w.cols, batch,
+                    y + static_cast<size_t>(r) * w.rows, pool);
+  }
+}
+
+namespace {
+
+// Scratch holds one step's activations, row-major with one row per token.
+struct Scratch {
+  Scratch(const ModelConfig& c, int rows)
+      : x(size_t(rows) * c.dim),
+        xb(size_t(rows) * c.dim),
+        q(size_t(rows) * c.q_dim()),
+        k(size_t(rows) * c.kv_dim()),
+        v(size_t(rows) * c.kv_dim()),
+        att(size_t(rows) * c.q_dim()),
+        proj(size_t(rows) * c.dim),
+        gate(size_t(rows) * c.ffn_dim),
+        up(size_t(rows) * c.ffn_dim) {}
+  std::vector<float> x;     // [rows, dim] residual stream
+  std::vector<float> xb;    // [rows, dim] normalised block input
+  std::vector<float> q;     // [rows, n_heads, head_dim]
+  std::vector<float> k;     // [rows, n_kv_heads, head_dim]
+  std::vector<float> v;     // [rows, n_kv_heads, head_dim]
+  std::vector<float> att;   // [rows, n_heads, head_dim] attention output
+  std::vector<float> proj;  // [rows, dim] block output before the residual add
+  std::vector<float> gate;  // [rows, ffn_dim]
+  std::vector<float> up;    // [rows, ffn_dim]
+};
+
+void Embed(const std::vector<float>& table, int dim, const int* tokens, int rows, float* x) {
+  for (int r = 0; r < rows; ++r) {
+    std::copy_n(&table[size_t(tokens[r]) * dim], dim, x + size_t(r) * dim);
+  }
+}
+
+}  // namespace
+
+absl::Status Model::Prefill(std::span<const int> tokens, std::span<const PageGrant> pages,
+                            KvPool& pool, float* logits, kernels::ThreadPool* tp) {
+  const ModelConfig& c = config_;
+  const int T = static_cast<int>(tokens.size());
+  const int P = pool.page_size();
+  if (T == 0) return absl::InvalidArgumentError("prefill of an empty sequence");
+  if (T > c.max_context) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sequence of ", T, " tokens exceeds the context of ", c.max_context));
+  }
+  if (static_cast<int64_t>(pages.size()) * P < T) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefill of ", T, " tokens given ", pages.size(), " pages of ", P, " tokens"));
+  }
+  for (int t : tokens) {
+    if (t < 0 || t >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("token id ", t, " outside the vocabulary"));
+    }
+  }
+  const int hd = c.head_dim, kv_dim = c.kv_dim(), q_dim = c.q_dim();
+  Scratch s(c, T);
+  Embed(token_embd_, c.dim, tokens.data(), T, s.x.data());
+
+  // Full-precision K and V of this sequence for the attention inside prefill, in the paged
+  // layout the kernel reads (identity page table). One layer at a time.
+  const int n_pages = (T + P - 1) / P;
+  const size_t head_elems = size_t(P) * hd;
+  std::vector<float> kf(size_t(n_pages) * c.n_kv_heads * head_elems);  // [pages, kvh, hd, P]
+  std::vector<float> vf(kf.size());                                    // [pages, kvh, P, hd]
+  std::vector<int32_t> identity(n_pages);
+  std::iota(identity.begin(), identity.end(), 0);
+  kernels::PagedKvView full;
+  full.dtype = kernels::KvDtype::kFp32;
+  full.page_size = P;
+  full.num_kv_heads = c.n_kv_heads;
+  full.head_dim = hd;
+  full.k = kf.data();
+  full.v = vf.data();
+  full.head_stride = static_cast<int64_t>(head_elems);
+  full.page_stride = static_cast<int64_t>(c.n_kv_heads * head_elems);
+  std::vector<kernels::DecodeQuery> queries(T);
+  for (int t = 0; t < T; ++t) {
+    queries[t].q = &s.q[size_t(t) * q_dim];
+    queries[t].page_table = identity.data();
+    queries[t].length = t + 1;  // causal
+    queries[t].out = &s.att[size_t(t) * q_dim];
+  }
+  const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+
+  for (int l = 0; l < c.n_layers; ++l) {
+    const Layer& L = layers_[l];
+    for (int t = 0; t < T; ++t) {
+      kernels::RmsNorm(&s.x[size_t(t) * c.dim], L.attn_norm.data(), c.dim, c.norm_eps,
+                       &s.xb[size_t(t) * c.dim]);
+    }
+    MatMulRows(*L.wq[kPrefill], s.xb.data(), T, s.q.data(), tp);
+    MatMulRows(*L.wk[kPrefill], s.xb.data(), T, s.k.data(), tp);
+    MatMulRows(*L.wv[kPrefill], s.xb.data(), T, s.v.data(), tp);
+    for (int t = 0; t < T; ++t) {
+      float* kt = &s.k[size_t(t) * kv_dim];
+      const float* vt = &s.v[size_t(t) * kv_dim];
+      kernels::Rope(&s.q[size_t(t) * q_dim], c.n_heads, hd, t, c.rope_theta);
+      kernels::Rope(kt, c.n_kv_heads, hd, t, c.rope_theta);
+      const int page = t / P, slot = t % P;
+      for (int h = 0; h < c.n_kv_heads; ++h) {
+        float* kd = &kf[(size_t(page) * c.n_kv_heads + h) * head_elems];
+        float* vd = &vf[(size_t(page) * c.n_kv_heads + h) * head_elems + size_t(slot) * hd];
+        for (int d = 0; d < hd; ++d) {
+          kd[size_t(d) * P + slot] = kt[h * hd + d];
+          vd[d] = vt[h * hd + d];
+        }
+        if (calib_k_max_ != nullptr) {
+          float& km = (*calib_k_max_)[size_t(l) * c.n_kv_heads + h];
+          float& vm = (*calib_v_max_)[size_t(l) * c.n_kv_heads + h];
+          for (int d = 0; d < hd; ++d) {
+            km = std::max(km, std::fabs(kt[h * hd + d]));
+            vm = std::max(vm, std::fabs(vt[h * hd + d]));
+          }
+        }
+      }
+      pool.WriteToken(l, pages[static_cast<size_t>(page)], slot, kt, vt);
+    }
+    kernels::PagedDecodeAttention(full, c.n_heads, softmax_scale, queries.data(), T, tp);
+    MatMulRows(*L.wo[kPrefill], s.att.data(), T, s.proj.data(), tp);
+    for (size_t i = 0; i < s.x.size(); ++i) s.x[i] += s.proj[i];
+
+    for (int t = 0; t < T; ++t) {
+      kernels::RmsNorm(&s.x[size_t(t) * c.dim], L.ffn_norm.data(), c.dim, c.norm_eps,
+                       &s.xb[size_t(t) * c.dim]);
+    }
+    MatMulRows(*L.gate[kPrefill], s.xb.data(), T, s.gate.data(), tp);
+    MatMulRows(*L.up[kPrefill], s.xb.data(), T, s.up.data(), tp);
+    kernels::SiluMul(s.gate.data(), s.up.data(), s.gate.size(), s.gate.data());
+    MatMulRows(*L.down[kPrefill], s.gate.data(), T, s.proj.data(), tp);
+    for (size_t i = 0; i < s.x.size(); ++i) s.x[i] += s.proj[i];
+  }
+  const float* last = &s.x[size_t(T - 1) * c.dim];
+  kernels::RmsNorm(last, output_norm_.data(), c.dim, c.norm_eps, s.xb.data());
+  kernels::MatMul(output_[kPrefill]->view(), s.xb.data(), 1, logits, tp);
+  return absl::OkStatus();
+}
+
+absl::Status Model::Decode(std::span<const DecodeItem> items, KvPool& pool, float* logits,
+                           kernels::ThreadPool* tp) {
+  const ModelConfig& c = config_;
+  const int B = static_cast<int>(items.size());
+  const int P = pool.page_size();
+  if (B < 1 || B > kMaxDecodeBatch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("decode batch of ", B, " (must be 1..", kMaxDecodeBatch, ")"));
+  }
+  std::vector<int> tokens(B);
+  std::vector<std::vector<int32_t>> page_ids(B);  // physical ids, in token order
+  for (int b = 0; b < B; ++b) {
+    const DecodeItem& it = items[b];
+    if (it.token < 0 || it.token >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("token id ", it.token, " outside vocab"));
+    }
+    if (it.pos < 0 || it.pos >= c.max_context ||
+        static_cast<int64_t>(it.pages.size()) * P <= it.pos) {
+      return absl::InvalidArgumentError(absl::StrCat("decode at position ", it.pos, " with ",
+                                                     it.pages.size(), " pages of ", P, " tokens"));
+    }
+    tokens[b] = it.token;
+    page_ids[b].reserve(it.pages.size());
+    for (const PageGrant& g : it.pages) page_ids[b].push_back(g.page);
+  }
+  const int hd = c.head_dim, kv_dim = c.kv_dim(), q_dim = c.q_dim();
+  Scratch s(c, B);
+  Embed(token_embd_, c.dim, tokens.data(), B, s.x.data());
+  std::vector<kernels::DecodeQuery> queries(B);
+  for (int b = 0; b < B; ++b) {
+    queries[b].q = &s.q[size_t(b) * q_dim];
+    queries[b].page_table = page_ids[b].data();
+    queries[b].length = items[b].pos + 1;
+    queries[b].out = &s.att[size_t(b) * q_dim];
+  }
+  const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+
+  for (int l = 0; l < c.n_layers; ++l) {
+    const Layer& L = layers_[l];
+    for (int b = 0; b < B; ++b) {
+      kernels::RmsNorm(&s.x[size_t(b) * c.dim], L.attn_norm.data(), c.dim, c.norm_eps,
+                       &s.xb[size_t(b) * c.dim]);
+    }
+    kernels::MatMul(L.wq[kDecode]->view(), s.xb.data(), B, s.q.data(), tp);
+    kernels::MatMul(L.wk[kDecode]->view(), s.xb.data(), B, s.k.data(), tp);
+    kernels::MatMul(L.wv[kDecode]->view(), s.xb.data(), B, s.v.data(), tp);
+    for (int b = 0; b < B; ++b) {
+      const int pos = items[b].pos;
+      float* kt = &s.k[size_t(b) * kv_dim];
+      kernels::Rope(&s.q[size_t(b) * q_dim], c.n_heads, hd, pos, c.rope_theta);
+      kernels::Rope(kt, c.n_kv_heads, hd, pos, c.rope_theta);
+      pool.WriteToken(l, items[b].pages[static_cast<size_t>(pos / P)], pos % P, kt,
+                      &s.v[size_t(b) * kv_dim]);
+    }
+    kernels::PagedDecodeAttention(pool.LayerView(l), c.n_heads, softmax_scale, queries.data(), B,
+                                  tp);
+    kernels::MatMul(L.wo[kDecode]->view(), s.att.data(), B, s.proj.data(), tp);
+    for (size_t i = 0; i < s.x.size(); ++i) s.x[i] += s.proj[i];
+    for (int b = 0; b < B; ++b) {
+      kernels::RmsNorm(&s.x[size_t(b) * c.dim], L.ffn_norm.data(), c.dim, c.norm_eps,
+                       &s.xb[size_t(b) * c.dim]);
+    }
+    kernels::MatMul(L.gate[kDecode]->view(), s.xb.data(), B, s.gate.data(), tp);
+    kernels::MatMul(L.up[kDecode]->view(), s.xb.data(), B, s.up.data(), tp);
+    kernels::SiluMul(s.gate.data(), s.up.data(), s.gate.size(), s.gate.data());
+    kernels::MatMul(L.down[kDecode]->view(), s.gate.data(), B, s.proj.data(), tp);
+    for (size_t i = 0; i < s.x.size(); ++i) s.x[i] += s.proj[i];
+  }
+  for (int b = 0; b < B; ++b) {
+    kernels::RmsNorm(&s.x[size_t(b) * c.dim], output_norm_.data(), c.dim, c.norm_eps,
+                     &s.xb[size_t(b) * c.dim]);
+  }
+  kernels::MatMul(output_[kDecode]->view(), s.xb.data(), B, logits, tp);
+  return absl::OkStatus();
+}
+
+absl::Status Model::CalibrateKvScales(std::span<const std::vector<int>> prompts,
+                                      kernels::ThreadPool* tp) {
+  const ModelConfig& c = config_;
+  int longest = 0;
+  for (const auto& p : prompts) longest = std::max(longest, static_cast<int>(p.size()));
+  if (longest == 0) return absl::InvalidArgumentError("FP8 KV calibration needs prompts");
+  longest = std::min(longest, c.max_context);
+  KvPoolOptions opt;
+  opt.dtype = kernels::KvDtype::kFp32;
+  opt.page_size = 16;
+  opt.budget_bytes = c.KvBytesPerToken(4) * size_t((longest + 15) / 16 * 16);
+  absl::StatusOr<std::unique_ptr<KvPool>> pool = KvPool::Create(c, opt);
+  if (!pool.ok()) return pool.status();
+  std::vector<float> k_max(size_t(c.n_layers) * c.n_kv_heads, 0.0f), v_max(k_max.size(), 0.0f);
+  calib_k_max_ = &k_max;
+  calib_v_max_ = &v_max;
+  std::vector<float> logits(c.vocab_size);
+  absl::Status status;
+  for (const auto& p : prompts) {
+    if (p.empty()) continue;
+    const std::span<const int> tokens(p.data(), std::min<size_t>(p.size(), size_t(longest)));
+    std::vector<PageGrant> pages;
+    status = (*pool)->allocator().GrantMany(1, ((int)tokens.size() + 15) / 16, &pages);
+    if (status.ok()) status = Prefill(tokens, pages, **pool, logits.data(), tp);
+    for (const PageGrant& g : pages) (*pool)->allocator().Release(1, g).IgnoreError();
+    if (!status.ok()) break;
+  }
+  calib_k_max_ = calib_v_max_ = nullptr;
+  if (!status.ok()) return status;
+  constexpr float kHeadroom = 1.5f;
+  std::vector<float> ks(k_max.size()), vs(v_max.size());
+  for (size_t i = 0; i < k_max.size(); ++i) {
+    if (!(k_max[i] > 0.0f) || !(v_max[i] > 0.0f) || !std::isfinite(k_max[i]) ||
+        !std::isfinite(v_max[i])) {
+      return absl::InternalError(absl::StrCat("FP8 KV calibration: layer ", i / c.n_kv_heads,
+                                              " kv head ", i % c.n_kv_heads,
+                                              " produced no usable range"));
+    }
+    ks[i] = kHeadroom * k_max[i] / kernels::kFp8E4m3Max;
+    vs[i] = kHeadroom * v_max[i] / kernels::kFp8E4m3Max;
+  }
+  k_scales_ = std::move(ks);
+  v_scales_ = std::move(vs);
+  return absl::OkStatus();
+}
+
+}  // namespace kvguard::core

@@ -1,0 +1,126 @@
+// core/model.h: the Llama-family forward pass over the paged KV pool, with weights held per
+// phase as in disaggregated serving: prefill weights (FP8 by default; compute-bound, so
+// higher precision costs little) and decode weights (INT4 by default; memory-bound, so every
+// byte not read is time saved). Where both phases use one format the matrices are shared.
+#ifndef KVGUARD_CORE_MODEL_H_
+#define KVGUARD_CORE_MODEL_H_
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/kv_pool.h"
+#include "core/model_config.h"
+#include "core/page_allocator.h"
+#include "core/weight_source.h"
+#include "kernels/cpu/quantize.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/formats.h"
+
+namespace kvguard::core {
+
+struct ModelOptions {
+  kernels::WeightFormat prefill_weights = kernels::WeightFormat::kFp8;  // fp8 | bf16 | fp32
+  kernels::WeightFormat decode_weights = kernels::WeightFormat::kInt4;  // int4|fp8|bf16|fp32
+  int int4_group = 128;
+};
+
+// ParseWeightFormat maps "fp32" | "bf16" | "fp8" | "int4" to a format; InvalidArgument else.
+absl::StatusOr<kernels::WeightFormat> ParseWeightFormat(const std::string& name);
+std::string WeightFormatName(kernels::WeightFormat format);
+
+// The largest decode batch one step handles (the matmul kernels' batch limit).
+inline constexpr int kMaxDecodeBatch = 64;
+
+class Model {
+ public:
+  // Load reads every tensor of `source` and quantises it into the formats `options` names.
+  // InvalidArgument for an invalid combination (prefill INT4), or the source's error.
+  static absl::StatusOr<std::unique_ptr<Model>> Load(const WeightSource& source,
+                                                     const ModelOptions& options,
+                                                     kernels::ThreadPool* pool);
+
+  const ModelConfig& config() const { return config_; }
+  const ModelOptions& options() const { return options_; }
+
+  // WeightBytes returns the bytes of all quantised matrices held (both phases, shared once)
+  // plus the FP32 embedding table and norms.
+  size_t WeightBytes() const;
+
+  // Int4Fallbacks returns how many decode matrices are FP8 although INT4 was asked for,
+  // because no INT4 group (32, 64, 128) divides their input width.
+  int Int4Fallbacks() const { return int4_fallbacks_; }
+
+  // DecodeBytesPerStep returns the weight bytes one decode step reads (every decode matrix
+  // once, the lm head included), excluding the KV cache.
+  size_t DecodeWeightBytesPerStep() const;
+
+  // Prefill runs `tokens` at positions 0 .. n-1 of a fresh sequence whose pages are `pages`
+  // (in token order, room for n tokens), writing each token's K and V into them (quantised on
+  // write; the attention inside prefill reads the full-precision K and V), and writes the
+  // logits of the last token to `logits` [vocab]. InvalidArgument if n is 0, exceeds
+  // max_context or the pages' room, or a token is out of the vocabulary.
+  absl::Status Prefill(std::span<const int> tokens, std::span<const PageGrant> pages, KvPool& pool,
+                       float* logits, kernels::ThreadPool* thread_pool);
+
+  // DecodeItem is one sequence in a decode step: `token` at position `pos`, whose pages (in
+  // token order) already hold positions 0 .. pos-1 and have room for pos.
+  struct DecodeItem {
+    int token = 0;
+    int pos = 0;
+    std::span<const PageGrant> pages;
+  };
+
+  // Decode runs one token for each item (1 <= items.size() <= kMaxDecodeBatch), writes each
+  // token's K and V into its page, and writes logits [items.size(), vocab].
+  absl::Status Decode(std::span<const DecodeItem> items, KvPool& pool, float* logits,
+                      kernels::ThreadPool* thread_pool);
+
+  // CalibrateKvScales runs prefill over `prompts` (token ids) with an FP32 KV cache and sets
+  // per-(layer, kv head) FP8 scales for K and V: 1.5 x the largest |value| seen / 448
+  // (headroom for decode-time values beyond the calibration set; beyond it, values
+  // saturate). Kept in the model: fp8_k_scales() / fp8_v_scales(). Internal error if some
+  // head never produced a non-zero value (no scale is ever a silent 1.0).
+  absl::Status CalibrateKvScales(std::span<const std::vector<int>> prompts,
+                                 kernels::ThreadPool* thread_pool);
+  const std::vector<float>& fp8_k_scales() const { return k_scales_; }
+  const std::vector<float>& fp8_v_scales() const { return v_scales_; }
+
+ private:
+  struct Layer {
+    std::vector<float> attn_norm, ffn_norm;  // [dim]
+    // Per phase: index 0 prefill, 1 decode (may point at the same matrix).
+    const kernels::QuantizedMatrix* wq[2];    // [q_dim, dim]
+    const kernels::QuantizedMatrix* wk[2];    // [kv_dim, dim]
+    const kernels::QuantizedMatrix* wv[2];    // [kv_dim, dim]
+    const kernels::QuantizedMatrix* wo[2];    // [dim, q_dim]
+    const kernels::QuantizedMatrix* gate[2];  // [ffn_dim, dim]
+    const kernels::QuantizedMatrix* up[2];    // [ffn_dim, dim]
+    const kernels::QuantizedMatrix* down[2];  // [dim, ffn_dim]
+  };
+  enum Phase { kPrefill = 0, kDecode = 1 };
+
+  Model() = default;
+  // MatMulRows computes y [rows, w.rows] = x [rows, w.cols] W^T in batches the kernel takes.
+  void MatMulRows(const kernels::QuantizedMatrix& w, const float* x, int rows, float* y,
+                  kernels::ThreadPool* pool) const;
+
+  ModelConfig config_;
+  ModelOptions options_;
+  std::vector<std::unique_ptr<kernels::QuantizedMatrix>> matrices_;  // owns all matrices
+  std::vector<float> token_embd_;                                    // [vocab, dim] FP32
+  std::vector<float> output_norm_;                                   // [dim]
+  const kernels::QuantizedMatrix* output_[2] = {nullptr, nullptr};   // [vocab, dim]
+  std::vector<Layer> layers_;
+  std::vector<float> k_scales_, v_scales_;  // [n_layers * n_kv_heads], from calibration
+  int int4_fallbacks_ = 0;  // decode matrices kept in FP8: no INT4 group divides their width
+  // Observed |K| and |V| maxima while calibrating (null otherwise).
+  std::vector<float>* calib_k_max_ = nullptr;
+  std::vector<float>* calib_v_max_ = nullptr;
+};
+
+}  // namespace kvguard::core
+
+#endif  // KVGUARD_CORE_MODEL_H_

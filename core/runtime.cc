@@ -1,0 +1,116 @@
+#include "core/runtime.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "core/synthetic_model.h"
+
+namespace kvguard::core {
+namespace {
+
+// Reads a "Key:   N kB" line of a /proc file; 0 if absent.
+size_t ProcKiB(const char* path, const std::string& key) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key + ":", 0) == 0) {
+      return std::strtoull(line.c_str() + key.size() + 1, nullptr, 10) * 1024;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+const std::vector<std::string>& CalibrationPrompts() {
+  // Varied text (prose, code, numbers, other scripts) so every head sees a typical range.
+  static const std::vector<std::string> prompts = {
+      "Once upon a time, in a city of glass towers, a small robot learned to read.",
+      "The KV cache holds the keys and values of every token a request has seen so far.",
+      "def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n",
+      "Temperature 21.5 C, humidity 43%, wind 12 km/h from the north-west at 06:30.",
+      "Über den Wolken muss die Freiheit wohl grenzenlos sein. 雲の上は自由だ。",
+      "SELECT tenant, count(*) FROM audit_log WHERE reason = 'stale_generation';",
+      "Q: What is 17 times 23? A: 17 times 23 is 391, because 17 * 20 = 340 and 17 * 3 = 51.",
+      "The quick brown fox jumps over the lazy dog while the cat watches from the wall.",
+  };
+  return prompts;
+}
+
+absl::StatusOr<size_t> ParseBytes(const std::string& text) {
+  if (text.empty()) return absl::InvalidArgumentError("empty byte count");
+  size_t mult = 1;
+  std::string digits = text;
+  const char last = text.back();
+  if (last == 'K' || last == 'k') mult = size_t{1} << 10;
+  if (last == 'M' || last == 'm') mult = size_t{1} << 20;
+  if (last == 'G' || last == 'g') mult = size_t{1} << 30;
+  if (mult != 1) digits.pop_back();
+  uint64_t n = 0;
+  if (!absl::SimpleAtoi(digits, &n) || n == 0 || n > (uint64_t{1} << 50) / mult) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", text, "' is not a byte count (like 512M or 2G)"));
+  }
+  return static_cast<size_t>(n * mult);
+}
+
+size_t PeakRssBytes() { return ProcKiB("/proc/self/status", "VmHWM"); }
+
+absl::StatusOr<size_t> KvBudgetBytes(const RuntimeOptions& o) {
+  if (o.kv_cache_bytes > 0) return o.kv_cache_bytes;
+  if (!(o.kv_cache_fraction > 0 && o.kv_cache_fraction <= 0.9)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv-cache-fraction ", o.kv_cache_fraction, " must be in (0, 0.9]"));
+  }
+  const size_t available = ProcKiB("/proc/meminfo", "MemAvailable");
+  if (available == 0) {
+    return absl::FailedPreconditionError(
+        "cannot read MemAvailable from /proc/meminfo: pass --kv-cache-bytes");
+  }
+  return static_cast<size_t>(static_cast<double>(available) * o.kv_cache_fraction);
+}
+
+absl::StatusOr<Loaded> LoadModel(const RuntimeOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  Loaded loaded;
+  absl::StatusOr<std::unique_ptr<WeightSource>> source =
+      MakeBuiltinSource(options.model, options.seed);
+  if (!source.ok()) return source.status();
+  loaded.source = *std::move(source);
+  kernels::ThreadPool pool(2);
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      Model::Load(*loaded.source, options.weights, &pool);
+  if (!model.ok()) return model.status();
+  loaded.model = *std::move(model);
+  absl::StatusOr<std::unique_ptr<ByteTokenizer>> tokenizer =
+      ByteTokenizer::Create(loaded.model->config().vocab_size);
+  if (!tokenizer.ok()) return tokenizer.status();
+  loaded.tokenizer = *std::move(tokenizer);
+  std::vector<std::vector<int>> prompts;
+  for (const std::string& p : CalibrationPrompts()) {
+    prompts.push_back(loaded.tokenizer->Encode(p, /*add_bos=*/true));
+  }
+  if (absl::Status s = loaded.model->CalibrateKvScales(prompts, &pool); !s.ok()) return s;
+  loaded.load_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return loaded;
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const Loaded& loaded,
+                                                   const RuntimeOptions& options) {
+  absl::StatusOr<size_t> budget = KvBudgetBytes(options);
+  if (!budget.ok()) return budget.status();
+  KvPoolOptions po;
+  po.dtype = options.kv_dtype;
+  po.page_size = options.page_size;
+  po.budget_bytes = *budget;
+  absl::StatusOr<std::unique_ptr<KvPool>> pool = KvPool::Create(loaded.model->config(), po);
+  if (!pool.ok()) return pool.status();
+  return Engine::Create(loaded.model, loaded.tokenizer, *std::move(pool), options.engine);
+}
+
+}  // namespace kvguard::core

@@ -1,0 +1,63 @@
+// core/runtime.h: everything a command needs to run the engine, built from one options
+// struct: weight source, model (both phases' weights), tokenizer, FP8 KV calibration, KV
+// pool and engine. `kvguard generate`, `bench`, `eval` (and later `serve`) share it.
+#ifndef KVGUARD_CORE_RUNTIME_H_
+#define KVGUARD_CORE_RUNTIME_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/engine.h"
+#include "core/kv_pool.h"
+#include "core/model.h"
+#include "core/tokenizer.h"
+#include "core/weight_source.h"
+
+namespace kvguard::core {
+
+struct RuntimeOptions {
+  std::string model = "small";  // a built-in name (tiny, small, medium)
+  uint64_t seed = 1;            // synthetic weights' seed
+  ModelOptions weights;
+  kernels::KvDtype kv_dtype = kernels::KvDtype::kFp8E4m3;
+  int page_size = 16;
+  size_t kv_cache_bytes = 0;        // 0: kv_cache_fraction of available memory
+  double kv_cache_fraction = 0.10;  // of MemAvailable, when kv_cache_bytes is 0
+  EngineOptions engine;
+};
+
+// Loaded is a model with its tokenizer and FP8 KV scales, ready for any number of engines.
+struct Loaded {
+  std::unique_ptr<WeightSource> source;
+  std::shared_ptr<Model> model;
+  std::shared_ptr<const Tokenizer> tokenizer;
+  double load_seconds = 0;
+};
+
+// LoadModel loads `options.model` with `options.weights` and calibrates FP8 KV scales over
+// CalibrationPrompts(). Errors name the model and what failed.
+absl::StatusOr<Loaded> LoadModel(const RuntimeOptions& options);
+
+// MakeEngine builds a KV pool per `options` (kv_dtype, page_size, budget) for `loaded` and
+// starts an engine on it.
+absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const Loaded& loaded,
+                                                   const RuntimeOptions& options);
+
+// KvBudgetBytes resolves the KV budget: kv_cache_bytes, else the fraction of MemAvailable.
+absl::StatusOr<size_t> KvBudgetBytes(const RuntimeOptions& options);
+
+// CalibrationPrompts returns the built-in prompt set used for FP8 KV scales (and by `eval`).
+const std::vector<std::string>& CalibrationPrompts();
+
+// ParseBytes parses "123", "64K", "512M", "2G" (binary units); InvalidArgument otherwise.
+absl::StatusOr<size_t> ParseBytes(const std::string& text);
+
+// PeakRssBytes returns the process's peak resident set (VmHWM), or 0 if unknown.
+size_t PeakRssBytes();
+
+}  // namespace kvguard::core
+
+#endif  // KVGUARD_CORE_RUNTIME_H_

@@ -1,0 +1,767 @@
+// kernels/cpu/matmul.cc: y = W x for FP32 / BF16 / FP8 / INT4 weights (Highway, runtime dispatch).
+//
+// Decode is bound by memory bandwidth, so every format is written to keep up with DRAM on one or
+// two cores: W is read once per call (batch > 1 reuses each block of W rows, from L1/L2, for every
+// column of x, kBatchTile columns per pass), decoding a weight costs a few integer ops, and at
+// small batches several rows share each load of x (x loads, not W's, would otherwise fill the
+// load ports).
+//
+// FP32, BF16, FP8: W is decoded to FP32 lanes and FMA'd with x, exactly as given (FP32
+// accumulation error only). FP8 decodes like Fp8E4m3ToFloat in formats.h: the 7 magnitude bits of
+// code b placed at bits 26..20 and its sign at bit 31 are the FP32 bits of value(b) * 2^-120,
+// exactly (e4m3 subnormals become FP32 denormals), in three integer ops and no float op. To keep
+// the products away from FP32's denormal range, each column of x is first scaled by a power of
+// two 2^k (k from max |x|, so max |x| 2^k < 2^126: exact), and 2^(120 - k) is folded, with the row
+// scale, into one FP64 multiply per output. Products below 2^-126 after that scaling (|x_c| under
+// ~2^-120 max |x|) lose bits as FP32 denormals would. The e4m3 NaN code decodes as 480
+// (QuantizeMatrix never produces it). Assumes denormals are not flushed (formats.h).
+//
+// INT4: integer dot products. x is quantised once per call, per weight group, to int8:
+//   s_b = max_{c in b} |x_c| / 127,  q_c = rne(x_c / s_b)   (FP32 division, then ties-to-even)
+// so that sum_c (code_c - 8) * q_c is an exact int32 per group, converted to FP32 once per group
+// and FMA'd with (group scale * s_b). The AVX3_DL target uses VPDPBUSD (u8 codes 0..15 x s8 q) on
+// raw 64-byte loads of codes; the zero point is removed exactly, in int32, by starting each lane
+// from -8 * (sum of the q it multiplies). Other targets promote to int16 and subtract 8 first.
+// Error: x_c is replaced by q_c s_b with |x_c - q_c s_b| <= s_b (1/2 + 128 u), u = 2^-24 (the
+// division rounds before rne), so with w the dequantised weights
+//   |y_kernel - y_exact| <= sum_b s_b (1/2 + 2^-16) sum_{c in b} |w_c|   (activation rounding)
+//                          + FP32 accumulation error on sum_c |w_c| (|x_c| + s_b).
+// A block with max |x| < 2^-100 is taken as zero (its FP32 scale would be imprecise): its error is
+// at most 2^-100 sum |w_c|. A block holding inf or NaN makes the column's outputs NaN.
+#include "kernels/cpu/matmul.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include "absl/base/internal/raw_logging.h"
+
+#ifndef KVGUARD_KERNELS_CPU_MATMUL_SHARED_
+#define KVGUARD_KERNELS_CPU_MATMUL_SHARED_
+namespace kvguard::kernels::matmul_internal {
+
+// Rows per ParallelFor unit, and per block of W that a batch > 1 revisits for every column tile
+// (16 rows of 4096 FP32 weights = 256 KiB: stays in L2 between tiles).
+inline constexpr int64_t kRowBlock = 16;
+// Columns of x that share one pass over a row block of W.
+inline constexpr int kBatchTile = 4;
+// Below this max |x|, an INT4 activation block is taken as zero.
+inline constexpr float kXFlushBelow = 0x1p-100f;
+
+// XChunk is x quantised for one 128-element chunk of a W row: the elements whose codes one
+// 64-byte run of W holds. Its int8 values are stored in the order of that run's nibbles, so that
+// one 64-byte load of codes lines up with `lo` (low nibbles) and `hi` (high nibbles).
+struct alignas(64) XChunk {
+  int8_t lo[64];
+  int8_t hi[64];
+  // AVX3_DL only: -8 * the sum of the 8 q that int32 lane l of VPDPBUSD multiplies (bytes
+  // 4l..4l+3, low and high nibbles): the zero point, removed exactly in int32.
+  int32_t bias[16];
+};
+static_assert(sizeof(XChunk) == 192);
+
+// Per-call scratch of the calling thread.
+struct Scratch {
+  std::vector<XChunk> chunks;      // INT4: [batch, ceil(cols / 128)]
+  std::vector<float> group_scale;  // INT4: [batch, cols / group] s_b (0 for a zero block)
+  std::vector<float> x_scaled;     // FP8: [batch, cols] x * 2^k
+  std::vector<double> x_factor;    // FP8: [batch] 2^(120 - k)
+};
+
+}  // namespace kvguard::kernels::matmul_internal
+#endif  // KVGUARD_KERNELS_CPU_MATMUL_SHARED_
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/matmul.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace kvguard::kernels {
+namespace HWY_NAMESPACE {
+namespace {
+
+namespace hn = hwy::HWY_NAMESPACE;
+using matmul_internal::kBatchTile;
+using matmul_internal::kRowBlock;
+using matmul_internal::kXFlushBelow;
+using matmul_internal::Scratch;
+using matmul_internal::XChunk;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+constexpr size_t kLanes = hn::MaxLanes(DF());
+
+// Every loop over accumulators (r < R, j < NB, u < kU) carries "#pragma GCC unroll": only fully
+// unrolled loops let GCC keep the accumulator arrays in registers rather than on the stack.
+
+// RowsPerPass returns how many rows share each load of x when NB columns are processed together:
+// enough that x loads stop dominating at small batches, few enough to stay in registers (wide
+// vectors only; 128-bit targets have too few registers).
+template <int NB>
+constexpr int RowsPerPass() {
+  if (kLanes < 8) return 1;
+  return NB == 1 ? 4 : NB == 2 ? 2 : 1;
+}
+
+// Accumulators per (row, column): enough independent FMA chains to hide FMA latency, and at least
+// 16 partial sums per output on every target, which is what bounds the FP32 accumulation error
+// (each partial sum chains at most cols / 16 products).
+template <int NB, int R>
+constexpr int Accumulators() {
+  return static_cast<int>(std::max<size_t>(16 / kLanes, NB * R == 1 ? 4 : 2));
+}
+
+// Weight decoders: Load returns kLanes weights starting at p as FP32 lanes. Load2 returns the
+// 2 * kLanes weights starting at p as two vectors, in the order the caller's x must follow: FP32
+// and BF16 first and second half; FP8 even and odd elements (ScaleForFp8 orders x to match).
+struct Fp32Weights {
+  using T = float;
+  static VF Load(DF df, const T* HWY_RESTRICT p) { return hn::LoadU(df, p); }
+  static void Load2(DF df, const T* HWY_RESTRICT p, VF& a, VF& b) {
+    a = Load(df, p);
+    b = Load(df, p + kLanes);
+  }
+};
+
+struct Bf16Weights {
+  using T = uint16_t;
+  static VF Load(DF df, const T* HWY_RESTRICT p) {
+    const hn::Rebind<uint16_t, DF> d16;
+    const hn::Rebind<uint32_t, DF> d32;
+    return hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(d32, hn::LoadU(d16, p))));
+  }
+  static void Load2(DF df, const T* HWY_RESTRICT p, VF& a, VF& b) {
+    a = Load(df, p);
+    b = Load(df, p + kLanes);
+  }
+};
+
+struct Fp8Weights {
+  using T = uint8_t;
+  // Returns value(b) * 2^-120 (see the file comment).
+  static VF Load(DF df, const T* HWY_RESTRICT p) {
+    const hn::Rebind<int8_t, DF> d8;
+    const hn::RebindToSigned<DF> di;
+    // Sign-extended, so bit 7 (the sign) also lands on bit 31 after the shift.
+    const auto b = hn::PromoteTo(di, hn::LoadU(d8, reinterpret_cast<const int8_t*>(p)));
+    return hn::BitCast(df, hn::And(hn::ShiftLeft<20>(b), SignAndMagnitude(di)));
+  }
+  // One widening to int16 serves two int32 results: an int32 lane holds an even code in its low
+  // half and the next odd code in its high half, and a shift by 20 or by 4 (then the mask) moves
+  // either into place. A third fewer widening shuffles than two Loads.
+  static void Load2(DF df, const T* HWY_RESTRICT p, VF& even, VF& odd) {
+#if HWY_TARGET == HWY_SCALAR
+    even = Load(df, p);
+    odd = Load(df, p + 1);
+#else
+    const hn::RebindToSigned<DF> di;
+    const hn::Repartition<int16_t, DF> d16;
+    const hn::Rebind<int8_t, decltype(d16)> d8;
+    const auto pairs =
+        hn::BitCast(di, hn::PromoteTo(d16, hn::LoadU(d8, reinterpret_cast<const int8_t*>(p))));
+    even = hn::BitCast(df, hn::And(hn::ShiftLeft<20>(pairs), SignAndMagnitude(di)));
+    odd = hn::BitCast(df, hn::And(hn::ShiftLeft<4>(pairs), SignAndMagnitude(di)));
+#endif
+  }
+
+ private:
+  template <class DI>
+  static hn::Vec<DI> SignAndMagnitude(DI di) {
+    return hn::Set(di, static_cast<int32_t>(0x87F00000u));  // bit 31 and bits 26..20
+  }
+};
+
+// PairStep adds 2 * kLanes weights of R rows (row r at w + r * cols) times the matching x of NB
+// columns to acc[r][j][u] and acc[r][j][u + 1].
+template <int NB, int R, class Weights, class Acc>
+HWY_INLINE void PairStep(const typename Weights::T* HWY_RESTRICT w, size_t cols,
+                         const float* HWY_RESTRICT x, size_t x_stride, Acc& acc, int u) {
+  const DF df;
+  VF wa[R], wb[R];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) Weights::Load2(df, w + r * cols, wa[r], wb[r]);
+#pragma GCC unroll 16
+  for (int j = 0; j < NB; ++j) {
+    const VF xa = hn::LoadU(df, x + j * x_stride);
+    const VF xb = hn::LoadU(df, x + j * x_stride + kLanes);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      acc[r][j][u] = hn::MulAdd(wa[r], xa, acc[r][j][u]);
+      acc[r][j][u + 1] = hn::MulAdd(wb[r], xb, acc[r][j][u + 1]);
+    }
+  }
+}
+
+// FpRows computes sums[r * NB + j] = sum_c W[r, c] * x[j * x_stride + c] for R consecutive rows of
+// W (row r at w + r * cols) and NB columns of x.
+template <int NB, int R, class Weights>
+HWY_INLINE void FpRows(const typename Weights::T* HWY_RESTRICT w, size_t cols,
+                       const float* HWY_RESTRICT x, size_t x_stride, float* HWY_RESTRICT sums) {
+  using T = typename Weights::T;
+  constexpr int kU = Accumulators<NB, R>();
+  static_assert(kU % 2 == 0, "the main loop steps in pairs of vectors");
+  const DF df;
+  VF acc[R][NB][kU];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+    for (int j = 0; j < NB; ++j) {
+#pragma GCC unroll 16
+      for (int u = 0; u < kU; ++u) acc[r][j][u] = hn::Zero(df);
+    }
+  }
+  // The R rows are R streams; the hardware prefetcher starts each one late, so the next group
+  // of rows (contiguous after these) is prefetched into L2 at the pace this one is read.
+  const char* next_rows = reinterpret_cast<const char*>(w + R * cols);
+  constexpr size_t kStepBytes = kU * kLanes * R * sizeof(T);
+  size_t c = 0;
+  for (; c + kU * kLanes <= cols; c += kU * kLanes) {
+#pragma GCC unroll 16
+    for (size_t line = 0; line < kStepBytes; line += 64) {
+      __builtin_prefetch(next_rows + c * R * sizeof(T) + line, 0, 2);
+    }
+#pragma GCC unroll 16
+    for (int u = 0; u < kU; u += 2) {
+      PairStep<NB, R, Weights>(w + c + u * kLanes, cols, x + c + u * kLanes, x_stride, acc, u);
+    }
+  }
+  for (; c + 2 * kLanes <= cols; c += 2 * kLanes) {
+    PairStep<NB, R, Weights>(w + c, cols, x + c, x_stride, acc, 0);
+  }
+  for (; c + kLanes <= cols; c += kLanes) {
+    VF wv[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) wv[r] = Weights::Load(df, w + r * cols + c);
+#pragma GCC unroll 16
+    for (int j = 0; j < NB; ++j) {
+      const VF xv = hn::LoadU(df, x + j * x_stride + c);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) acc[r][j][0] = hn::MulAdd(wv[r], xv, acc[r][j][0]);
+    }
+  }
+  if (c < cols) {
+    // Tail: zero-padded copies, so no load reads past the end of W or x (0 * 0 adds nothing).
+    const size_t n = cols - c;
+    VF wv[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      HWY_ALIGN T wbuf[kLanes] = {};
+      std::memcpy(wbuf, w + r * cols + c, n * sizeof(T));
+      wv[r] = Weights::Load(df, wbuf);
+    }
+#pragma GCC unroll 16
+    for (int j = 0; j < NB; ++j) {
+      HWY_ALIGN float xbuf[kLanes] = {};
+      std::memcpy(xbuf, x + j * x_stride + c, n * sizeof(float));
+      const VF xv = hn::Load(df, xbuf);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) acc[r][j][0] = hn::MulAdd(wv[r], xv, acc[r][j][0]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+    for (int j = 0; j < NB; ++j) {
+#pragma GCC unroll 16
+      for (int step = 1; step < kU; step *= 2) {
+#pragma GCC unroll 16
+        for (int u = 0; u + step < kU; u += 2 * step) {
+          acc[r][j][u] = hn::Add(acc[r][j][u], acc[r][j][u + step]);
+        }
+      }
+      sums[r * NB + j] = hn::GetLane(hn::SumOfLanes(df, acc[r][j][0]));
+    }
+  }
+}
+
+// RunRows splits [0, rows) over the pool in whole row blocks.
+template <class Fn>
+void RunRows(ThreadPool* pool, int64_t rows, const Fn& fn) {
+  if (pool == nullptr) {
+    fn(int64_t{0}, rows);
+  } else {
+    pool->ParallelFor(rows, kRowBlock, fn);
+  }
+}
+
+// ForEachTile calls block(r_begin, r_end, j0, nb) over the row blocks of [r0, r1) and, inside
+// each, the tiles of kBatchTile columns (nb: a std::integral_constant with the tile's width), so
+// one block of W is decoded from DRAM once and then served from cache to every tile.
+template <class Block>
+HWY_INLINE void ForEachTile(int64_t r0, int64_t r1, int batch, const Block& block) {
+  static_assert(kBatchTile == 4, "the switch below enumerates tiles of 1..4 columns");
+  for (int64_t rb = r0; rb < r1; rb += kRowBlock) {
+    const int64_t re = std::min(rb + kRowBlock, r1);
+    for (int j0 = 0; j0 < batch; j0 += kBatchTile) {
+      switch (std::min(kBatchTile, batch - j0)) {
+        case 1:
+          block(rb, re, j0, std::integral_constant<int, 1>());
+          break;
+        case 2:
+          block(rb, re, j0, std::integral_constant<int, 2>());
+          break;
+        case 3:
+          block(rb, re, j0, std::integral_constant<int, 3>());
+          break;
+        default:
+          block(rb, re, j0, std::integral_constant<int, 4>());
+          break;
+      }
+    }
+  }
+}
+
+// ForEachRowGroup calls rows(r, R) over [rb, re): groups of RowsPerPass<NB>() rows, then single
+// rows for the remainder.
+template <int NB, class Rows>
+HWY_INLINE void ForEachRowGroup(int64_t rb, int64_t re, const Rows& rows) {
+  constexpr int kR = RowsPerPass<NB>();
+  int64_t r = rb;
+  for (; r + kR <= re; r += kR) rows(r, std::integral_constant<int, kR>());
+  for (; r < re; ++r) rows(r, std::integral_constant<int, 1>());
+}
+
+// ScaleForFp8 writes x * 2^k to x_scaled, in the element order Fp8Weights::Load2 needs, and
+// 2^(120 - k) to factor, per column, with k chosen so that max |x| 2^k < 2^126 (see the file
+// comment). Exact: a power-of-two scaling within range.
+void ScaleForFp8(const float* HWY_RESTRICT x, int batch, size_t cols, float* HWY_RESTRICT x_scaled,
+                 double* HWY_RESTRICT factor) {
+  const DF df;
+  for (int b = 0; b < batch; ++b) {
+    const float* xb = x + b * cols;
+    float* out = x_scaled + b * cols;
+    VF m = hn::Zero(df);
+    size_t c = 0;
+    for (; c + kLanes <= cols; c += kLanes) m = hn::Max(m, hn::Abs(hn::LoadU(df, xb + c)));
+    float amax = hn::GetLane(hn::MaxOfLanes(df, m));
+    for (; c < cols; ++c) amax = std::max(amax, std::fabs(xb[c]));
+    int k = 0;  // inf (or NaN) in x: leave x alone, the result is inf or NaN anyway
+    if (amax <= std::numeric_limits<float>::max()) {
+      int e;
+      std::frexp(amax, &e);  // amax < 2^e
+      k = std::min(126 - e, 126);
+    }
+    factor[b] = std::ldexp(1.0, 120 - k);
+    const float scale = std::ldexp(1.0f, k);
+    // Full blocks of 2 * kLanes in Fp8Weights::Load2's order (evens, then odds); the rest as is.
+    for (c = 0; c + 2 * kLanes <= cols; c += 2 * kLanes) {
+      const VF lo = hn::Mul(hn::LoadU(df, xb + c), hn::Set(df, scale));
+      const VF hi = hn::Mul(hn::LoadU(df, xb + c + kLanes), hn::Set(df, scale));
+#if HWY_TARGET == HWY_SCALAR
+      hn::StoreU(lo, df, out + c);
+      hn::StoreU(hi, df, out + c + 1);
+#else
+      hn::StoreU(hn::ConcatEven(df, hi, lo), df, out + c);
+      hn::StoreU(hn::ConcatOdd(df, hi, lo), df, out + c + kLanes);
+#endif
+    }
+    for (; c < cols; ++c) out[c] = xb[c] * scale;
+  }
+}
+
+template <class Weights>
+void FpMatMul(const WeightView& w, const float* x, int batch, float* y, ThreadPool* pool) {
+  using T = typename Weights::T;
+  constexpr bool kFp8 = std::is_same_v<Weights, Fp8Weights>;
+  const T* data = static_cast<const T*>(w.data);
+  const size_t cols = static_cast<size_t>(w.cols);
+  const int64_t rows = w.rows;
+  const double* x_factor = nullptr;
+  if constexpr (kFp8) {
+    thread_local Scratch scratch;  // per calling thread, reused: no allocation once warm
+    scratch.x_scaled.resize(batch * cols);
+    scratch.x_factor.resize(batch);
+    ScaleForFp8(x, batch, cols, scratch.x_scaled.data(), scratch.x_factor.data());
+    x = scratch.x_scaled.data();
+    x_factor = scratch.x_factor.data();
+  }
+  RunRows(pool, rows, [&](int64_t r0, int64_t r1) {
+    ForEachTile(r0, r1, batch, [&](int64_t rb, int64_t re, int j0, auto nb) {
+      constexpr int kNb = decltype(nb)::value;
+      ForEachRowGroup<kNb>(rb, re, [&](int64_t r, auto rows_tag) {
+        constexpr int kR = decltype(rows_tag)::value;
+        float sums[kR * kNb];
+        FpRows<kNb, kR, Weights>(data + r * cols, cols, x + j0 * cols, cols, sums);
+#pragma GCC unroll 16
+        for (int i = 0; i < kR; ++i) {
+#pragma GCC unroll 16
+          for (int j = 0; j < kNb; ++j) {
+            float out = sums[i * kNb + j];
+            if constexpr (kFp8) {
+              // One rounding: the FP64 product of FP32 values and a power of two is exact.
+              out = static_cast<float>(static_cast<double>(out) * w.row_scales[r + i] *
+                                       x_factor[j0 + j]);
+            }
+            y[(j0 + j) * rows + r + i] = out;
+          }
+        }
+      });
+    });
+  });
+}
+
+// ------------------------------------------------------------------------------------------
+// INT4
+// ------------------------------------------------------------------------------------------
+
+#if HWY_TARGET == HWY_AVX3_DL
+// Highway 1.0.3 compiles AVX3_DL with "avxvnni" (the VEX form) instead of "avx512vnni"; its
+// runtime check does test AVX512-VNNI, so enabling it here for the EVEX VPDPBUSD is safe.
+#define KVGUARD_AVX512VNNI __attribute__((target("avx512vnni")))
+
+template <int NB>
+constexpr int Int4RowsPerPass() {
+  return NB == 1 ? 4 : NB == 2 ? 2 : 1;
+}
+
+// SetBiases fills XChunk::bias: VPDPBUSD with all-ones bytes sums each lane's 4 q.
+KVGUARD_AVX512VNNI void SetBiases(XChunk* HWY_RESTRICT chunks, int count) {
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int k = 0; k < count; ++k) {
+    __m512i sum =
+        _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, _mm512_load_si512(chunks[k].lo));
+    sum = _mm512_dpbusd_epi32(sum, ones, _mm512_load_si512(chunks[k].hi));
+    _mm512_store_si512(chunks[k].bias, _mm512_mullo_epi32(sum, _mm512_set1_epi32(-kInt4ZeroPoint)));
+  }
+}
+
+// CombinedStride returns the floats per (row, column) that Int4Rows needs in `scratch`.
+constexpr size_t CombinedStride(int groups) { return (static_cast<size_t>(groups) + 31) / 16 * 16; }
+
+// GroupScaleLanes returns the combined scales (group scale * s_b) of chunk k, lane l holding the
+// one of the group that bytes 4l..4l+3 of the chunk's codes belong to.
+template <int G>
+KVGUARD_AVX512VNNI HWY_INLINE __m512 GroupScaleLanes(const float* HWY_RESTRICT combined, int k) {
+  if constexpr (G == 128) {
+    return _mm512_set1_ps(combined[k]);
+  } else if constexpr (G == 64) {
+    const __m128 two =
+        _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(combined + 2 * k)));
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                 _mm512_castps128_ps512(two));
+  } else {
+    static_assert(G == 32);
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                                 _mm512_castps128_ps512(_mm_loadu_ps(combined + 4 * k)));
+  }
+}
+
+// Int4Chunk adds chunk k (64 bytes of codes = 128 weights) of R rows, w[r], times each of NB
+// columns to acc[r][j]; the x loads are shared by the R rows.
+template <int G, int NB, int R>
+KVGUARD_AVX512VNNI HWY_INLINE void Int4Chunk(const __m512i* w, const XChunk* const* xc,
+                                             const float* HWY_RESTRICT combined, size_t stride,
+                                             int k, __m512 (*acc)[NB]) {
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  __m512i lo[R], hi[R];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    lo[r] = _mm512_and_si512(w[r], nibble);
+    hi[r] = _mm512_and_si512(_mm512_srli_epi16(w[r], 4), nibble);
+  }
+#pragma GCC unroll 16
+  for (int j = 0; j < NB; ++j) {
+    const XChunk& x = xc[j][k];
+    const __m512i bias = _mm512_load_si512(x.bias);
+    const __m512i xlo = _mm512_load_si512(x.lo);
+    const __m512i xhi = _mm512_load_si512(x.hi);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512i dot = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(bias, lo[r], xlo), hi[r], xhi);
+      acc[r][j] =
+          _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
+                          GroupScaleLanes<G>(combined + (r * NB + j) * stride, k), acc[r][j]);
+    }
+  }
+}
+
+// Int4Rows computes sums[r * NB + j] = sum_c W[r, c] x_j[c] for R consecutive rows (codes and
+// gs: the first row's codes and group scales) and the NB quantised columns xc[j] with scales
+// group_scale[j]. `scratch` holds R * NB * CombinedStride(cols / G) floats.
+template <int G, int NB, int R>
+KVGUARD_AVX512VNNI void Int4Rows(const uint8_t* HWY_RESTRICT codes, const uint16_t* HWY_RESTRICT gs,
+                                 int cols, const XChunk* const* xc, const float* const* group_scale,
+                                 float* HWY_RESTRICT sums, float* HWY_RESTRICT scratch) {
+  const int groups = cols / G;
+  const size_t stride = CombinedStride(groups);
+  // Per row, once: the FP32 product of each group scale with s_b, so that a chunk costs one FMA
+  // (with a broadcast or a lane permute) on top of its two VPDPBUSD. Lanes past the last group
+  // are 0, which the partial chunk below relies on.
+  for (int g0 = 0; g0 < groups; g0 += 16) {
+    const __mmask16 m =
+        static_cast<__mmask16>(groups - g0 >= 16 ? 0xFFFF : (1u << (groups - g0)) - 1);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const __m512 ws = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, gs + r * groups + g0));
+#pragma GCC unroll 16
+      for (int j = 0; j < NB; ++j) {
+        _mm512_storeu_ps(scratch + (r * NB + j) * stride + g0,
+                         _mm512_mul_ps(ws, _mm512_maskz_loadu_ps(m, group_scale[j] + g0)));
+      }
+    }
+  }
+  if (groups % 16 == 0) {
+#pragma GCC unroll 16
+    for (int i = 0; i < R * NB; ++i) {
+      _mm512_storeu_ps(scratch + i * stride + groups, _mm512_setzero_ps());
+    }
+  }
+  __m512 acc[R][NB];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+    for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_setzero_ps();
+  }
+  const size_t row_bytes = static_cast<size_t>(cols) / 2;
+  const int full = cols / 128;
+  for (int k = 0; k < full; ++k) {
+    __m512i w[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      // Next group of rows, at this group's pace (see FpRows).
+      __builtin_prefetch(codes + R * row_bytes + (k * R + r) * 64, 0, 2);
+      w[r] = _mm512_loadu_si512(codes + r * row_bytes + 64 * k);
+    }
+    Int4Chunk<G, NB, R>(w, xc, scratch, stride, k, acc);
+  }
+  if (const int rest = cols % 128; rest != 0) {
+    // A partial chunk (G < 128 only): the masked load reads only this row's codes; the zeroed
+    // code bytes, XChunk lanes and combined scales past the end add exactly 0.
+    const __mmask64 m = (__mmask64{1} << (rest / 2)) - 1;
+    __m512i w[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+      w[r] = _mm512_maskz_loadu_epi8(m, codes + r * row_bytes + 64 * full);
+    Int4Chunk<G, NB, R>(w, xc, scratch, stride, full, acc);
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+    for (int j = 0; j < NB; ++j) sums[r * NB + j] = _mm512_reduce_add_ps(acc[r][j]);
+  }
+}
+#undef KVGUARD_AVX512VNNI
+
+#else  // HWY_TARGET != HWY_AVX3_DL
+
+template <int NB>
+constexpr int Int4RowsPerPass() {
+  return 1;
+}
+
+// SetBiases: the portable Int4Rows subtracts the zero point from the codes instead.
+void SetBiases(XChunk* /*chunks*/, int /*count*/) {}
+
+// CombinedStride: the portable Int4Rows needs no scratch.
+constexpr size_t CombinedStride(int /*groups*/) { return 0; }
+
+// Int4Rows (portable, one row): per group, codes become int16 (code - 8) and x int16, and
+// ReorderWidenMulAccumulate sums their products into int32 lanes exactly; each group's int32
+// lanes are converted to FP32 once and FMA'd with (group scale * s_b).
+template <int G, int NB, int R>
+void Int4Rows(const uint8_t* HWY_RESTRICT codes, const uint16_t* HWY_RESTRICT gs, int cols,
+              const XChunk* const* xc, const float* const* group_scale, float* HWY_RESTRICT sums,
+              float* /*scratch*/) {
+  static_assert(R == 1, "Int4RowsPerPass is 1 here");
+  constexpr int kGroupsPerChunk = 128 / G;
+  // At most half a group per vector, so one vector never mixes two groups or two nibble runs.
+  const hn::CappedTag<int16_t, G / 2> d16;
+  const hn::Rebind<uint8_t, decltype(d16)> du8;
+  const hn::Rebind<int8_t, decltype(d16)> di8;
+  const hn::Repartition<int32_t, decltype(d16)> d32;
+  const hn::Repartition<float, decltype(d16)> df32;
+  using V32 = hn::Vec<decltype(d32)>;
+  using VF32 = hn::Vec<decltype(df32)>;
+  constexpr int kStep = static_cast<int>(hn::MaxLanes(d16));
+  const auto low_mask = hn::Set(d16, 0x0F);
+  const auto zero_point = hn::Set(d16, static_cast<int16_t>(kInt4ZeroPoint));
+  VF32 acc[NB];
+#pragma GCC unroll 16
+  for (int j = 0; j < NB; ++j) acc[j] = hn::Zero(df32);
+  for (int g = 0; g < cols / G; ++g) {
+    const uint8_t* wg = codes + static_cast<size_t>(g) * (G / 2);
+    const int k = g / kGroupsPerChunk;
+    const int offset = (g % kGroupsPerChunk) * (G / 2);
+    V32 dot[NB], dot1[NB];
+#pragma GCC unroll 16
+    for (int j = 0; j < NB; ++j) dot[j] = dot1[j] = hn::Zero(d32);
+    for (int o = 0; o < G / 2; o += kStep) {
+      const auto w = hn::PromoteTo(d16, hn::LoadU(du8, wg + o));
+      const auto lo = hn::Sub(hn::And(w, low_mask), zero_point);
+      const auto hi = hn::Sub(hn::ShiftRight<4>(w), zero_point);
+#pragma GCC unroll 16
+      for (int j = 0; j < NB; ++j) {
+        const XChunk& x = xc[j][k];
+        const auto xl = hn::PromoteTo(d16, hn::LoadU(di8, x.lo + offset + o));
+        const auto xh = hn::PromoteTo(d16, hn::LoadU(di8, x.hi + offset + o));
+        dot[j] = hn::ReorderWidenMulAccumulate(d32, lo, xl, dot[j], dot1[j]);
+        dot[j] = hn::ReorderWidenMulAccumulate(d32, hi, xh, dot[j], dot1[j]);
+      }
+    }
+    const float ws = Fp16ToFloat(gs[g]);
+#pragma GCC unroll 16
+    for (int j = 0; j < NB; ++j) {
+      const VF32 scale = hn::Set(df32, ws * group_scale[j][g]);
+      const V32 total = hn::RearrangeToOddPlusEven(dot[j], dot1[j]);
+      acc[j] = hn::MulAdd(hn::ConvertTo(df32, total), scale, acc[j]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int j = 0; j < NB; ++j) sums[j] = hn::GetLane(hn::SumOfLanes(df32, acc[j]));
+}
+
+#endif  // HWY_TARGET == HWY_AVX3_DL
+
+// QuantizeColumn quantises one column of x (cols elements, group g) into `chunks` and
+// `group_scale` (see XChunk and the file comment).
+template <int G>
+void QuantizeColumn(const float* HWY_RESTRICT x, int cols, XChunk* HWY_RESTRICT chunks,
+                    float* HWY_RESTRICT group_scale) {
+  static_assert(G / 2 >= static_cast<int>(kLanes), "a vector must not straddle a half-group");
+  constexpr int kGroupsPerChunk = 128 / G;
+  const DF df;
+  const hn::Rebind<int8_t, DF> d8;
+  const int chunk_count = (cols + 127) / 128;
+  // The last chunk may be partial (cols % 128 != 0): its unused lanes must add exactly 0.
+  std::memset(&chunks[chunk_count - 1], 0, sizeof(XChunk));
+  for (int g = 0; g < cols / G; ++g) {
+    const float* xg = x + static_cast<size_t>(g) * G;
+    VF m = hn::Zero(df);
+    VF finite = hn::Zero(df);  // stays 0 unless some v - v is NaN (v = +-inf or NaN)
+    for (int i = 0; i < G; i += kLanes) {
+      const VF v = hn::LoadU(df, xg + i);
+      m = hn::Max(m, hn::Abs(v));
+      finite = hn::Add(finite, hn::Sub(v, v));
+    }
+    const float amax = hn::GetLane(hn::MaxOfLanes(df, m));
+    float s = amax / 127.0f;
+    if (hn::GetLane(hn::SumOfLanes(df, finite)) != 0.0f) {
+      s = std::numeric_limits<float>::quiet_NaN();  // inf or NaN in x: NaN out, not garbage
+    } else if (amax < kXFlushBelow) {
+      s = 0.0f;
+    }
+    group_scale[g] = s;
+    XChunk& chunk = chunks[g / kGroupsPerChunk];
+    const int offset = (g % kGroupsPerChunk) * (G / 2);
+    for (int i = 0; i < G; i += kLanes) {
+      int8_t* dst = (i < G / 2 ? chunk.lo : chunk.hi) + offset + i % (G / 2);
+      if (s > 0.0f) {
+        const auto q = hn::NearestInt(hn::Div(hn::LoadU(df, xg + i), hn::Set(df, s)));
+        hn::StoreU(hn::DemoteTo(d8, q), d8, dst);
+      } else {
+        hn::StoreU(hn::Zero(d8), d8, dst);
+      }
+    }
+  }
+  SetBiases(chunks, chunk_count);
+}
+
+template <int G>
+void Int4MatMul(const WeightView& w, const float* x, int batch, float* y, ThreadPool* pool) {
+  const int cols = w.cols;
+  const int64_t rows = w.rows;
+  const int chunk_count = (cols + 127) / 128;
+  const int group_count = cols / G;
+  thread_local Scratch xq;  // per calling thread, reused: no allocation once warm
+  if (xq.chunks.size() < static_cast<size_t>(batch) * chunk_count) {
+    xq.chunks.resize(static_cast<size_t>(batch) * chunk_count);
+  }
+  if (xq.group_scale.size() < static_cast<size_t>(batch) * group_count) {
+    xq.group_scale.resize(static_cast<size_t>(batch) * group_count);
+  }
+  XChunk* chunks = xq.chunks.data();
+  float* group_scale = xq.group_scale.data();
+  auto quantize = [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      QuantizeColumn<G>(x + b * cols, cols, chunks + b * chunk_count,
+                        group_scale + b * group_count);
+    }
+  };
+  if (pool != nullptr && batch > 1) {
+    pool->ParallelFor(batch, 1, quantize);
+  } else {
+    quantize(0, batch);
+  }
+
+  const uint8_t* codes = static_cast<const uint8_t*>(w.data);
+  RunRows(pool, rows, [&](int64_t r0, int64_t r1) {
+    // Per thread (pool workers included), reused across calls.
+    thread_local std::vector<float> scratch;
+    scratch.resize(4 * CombinedStride(group_count));
+    ForEachTile(r0, r1, batch, [&](int64_t rb, int64_t re, int j0, auto nb) {
+      constexpr int kNb = decltype(nb)::value;
+      const XChunk* xc[kNb];
+      const float* gsc[kNb];
+      for (int j = 0; j < kNb; ++j) {
+        xc[j] = chunks + static_cast<size_t>(j0 + j) * chunk_count;
+        gsc[j] = group_scale + static_cast<size_t>(j0 + j) * group_count;
+      }
+      constexpr int kR = Int4RowsPerPass<kNb>();
+      static_assert(kR * kNb <= 4, "scratch holds 4 (row, column) pairs");
+      int64_t r = rb;
+      auto rows_at = [&](auto rows_tag) {
+        constexpr int kRows = decltype(rows_tag)::value;
+        float sums[kRows * kNb];
+        Int4Rows<G, kNb, kRows>(codes + r * (cols / 2), w.group_scales + r * group_count, cols, xc,
+                                gsc, sums, scratch.data());
+        for (int i = 0; i < kRows; ++i) {
+          for (int j = 0; j < kNb; ++j) y[(j0 + j) * rows + r + i] = sums[i * kNb + j];
+        }
+      };
+      for (; r + kR <= re; r += kR) rows_at(std::integral_constant<int, kR>());
+      for (; r < re; ++r) rows_at(std::integral_constant<int, 1>());
+    });
+  });
+}
+
+}  // namespace
+
+void MatMulImpl(const WeightView& w, const float* x, int batch, float* y, ThreadPool* pool) {
+  switch (w.format) {
+    case WeightFormat::kFp32:
+      return FpMatMul<Fp32Weights>(w, x, batch, y, pool);
+    case WeightFormat::kBf16:
+      return FpMatMul<Bf16Weights>(w, x, batch, y, pool);
+    case WeightFormat::kFp8:
+      return FpMatMul<Fp8Weights>(w, x, batch, y, pool);
+    case WeightFormat::kInt4:
+      switch (w.group) {
+        case 32:
+          return Int4MatMul<32>(w, x, batch, y, pool);
+        case 64:
+          return Int4MatMul<64>(w, x, batch, y, pool);
+        default:
+          return Int4MatMul<128>(w, x, batch, y, pool);
+      }
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace kvguard::kernels
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kvguard::kernels {
+
+HWY_EXPORT(MatMulImpl);
+
+void MatMul(const WeightView& w, const float* x, int batch, float* y, ThreadPool* pool) {
+  ABSL_RAW_CHECK(w.rows > 0 && w.cols > 0 && w.data != nullptr, "MatMul: empty weights");
+  ABSL_RAW_CHECK(x != nullptr && y != nullptr, "MatMul: null x or y");
+  ABSL_RAW_CHECK(batch >= 1 && batch <= 64, "MatMul: batch must be in [1, 64]");
+  ABSL_RAW_CHECK(w.format != WeightFormat::kFp8 || w.row_scales != nullptr,
+                 "MatMul: FP8 needs row scales");
+  ABSL_RAW_CHECK(
+      w.format != WeightFormat::kInt4 ||
+          (IsValidInt4Group(w.group) && w.cols % w.group == 0 && w.group_scales != nullptr),
+      "MatMul: INT4 needs group 32/64/128 dividing cols, and group scales");
+  HWY_DYNAMIC_DISPATCH(MatMulImpl)(w, x, batch, y, pool);
+}
+
+}  // namespace kvguard::kernels
+#endif  // HWY_ONCE

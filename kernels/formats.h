@@ -1,0 +1,233 @@
+// kernels/formats.h: every numeric format and in-memory layout that two places must agree on.
+//
+// This header is the single owner of:
+//   * FP8 e4m3 (OCP "e4m3fn") and BF16 / FP16 scalar codecs (the references every SIMD and
+//     CUDA codec is tested against bit for bit),
+//   * the quantisation conventions (written once, here),
+//   * the INT4 group-quantised weight layout,
+//   * the paged KV layout seen by the attention kernels.
+//
+// Quantisation convention (all formats with a scale):
+//     stored = sat(rne(x / scale));     x ~= stored * scale
+// rne = round to nearest, ties to even; sat = clamp to the format's finite range (NaN stays NaN
+// for FP8/BF16; +-inf saturates to the largest finite value for FP8).
+//
+// The codecs assume the default floating-point environment (round-to-nearest-even, no
+// flush-to-zero / denormals-are-zero); kvguard never changes it.
+#ifndef KVGUARD_KERNELS_FORMATS_H_
+#define KVGUARD_KERNELS_FORMATS_H_
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+// The scalar codecs are shared by host code and CUDA device code (kernels/cuda/), so that one
+// definition of each format serves both.
+#if defined(__CUDACC__)
+#define KVG_HOST_DEVICE __host__ __device__
+#else
+#define KVG_HOST_DEVICE
+#endif
+
+namespace kvguard::kernels {
+
+// BitCast reinterprets the bytes of `from` as a `To` (std::bit_cast, which CUDA's C++17
+// device code lacks; compilers turn the memcpy into a register move).
+template <typename To, typename From>
+KVG_HOST_DEVICE inline To BitCast(From from) {
+  static_assert(sizeof(To) == sizeof(From));
+  To to;
+  memcpy(&to, &from, sizeof(to));
+  return to;
+}
+
+// ------------------------------------------------------------------------------------------
+// FP8 e4m3 (OCP 8-bit floating point, e4m3fn variant)
+//   bit layout S.EEEE.MMM, exponent bias 7, no infinities, NaN = S.1111.111,
+//   largest finite +-448 (S.1111.110), smallest normal 2^-6, subnormals M/8 * 2^-6.
+// ------------------------------------------------------------------------------------------
+inline constexpr float kFp8E4m3Max = 448.0f;
+inline constexpr uint8_t kFp8E4m3MaxCode = 0x7E;  // +448
+inline constexpr uint8_t kFp8E4m3NanCode = 0x7F;  // canonical (positive) NaN
+
+// Fp8E4m3ToFloat returns the value of e4m3 code `c` (NaN for S.1111.111).
+// Placing the 7 magnitude bits at the top of an FP32 mantissa/exponent gives the value
+// scaled by 2^-120 (subnormals included, as FP32 denormals), so one multiply finishes it.
+KVG_HOST_DEVICE inline float Fp8E4m3ToFloat(uint8_t c) {
+  if ((c & 0x7F) == 0x7F) return BitCast<float>(0x7FC00000u | (uint32_t{c & 0x80u} << 24));
+  const uint32_t bits = (uint32_t{c & 0x80u} << 24) | (uint32_t{c & 0x7Fu} << 20);
+  return BitCast<float>(bits) * 0x1p120f;
+}
+
+// Fp8E4m3FromFloat returns the e4m3 code nearest to `x` (ties to even), saturating to +-448;
+// +-inf saturates to +-448 and NaN maps to a NaN code of the same sign.
+KVG_HOST_DEVICE inline uint8_t Fp8E4m3FromFloat(float x) {
+  const uint32_t bits = BitCast<uint32_t>(x);
+  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+  const uint32_t abs_bits = bits & 0x7FFFFFFFu;
+  if (abs_bits > 0x7F800000u) return sign | kFp8E4m3NanCode;
+  const float a = BitCast<float>(abs_bits);
+  if (a >= kFp8E4m3Max) return sign | kFp8E4m3MaxCode;
+  if (a < 0x1p-6f) {
+    // Subnormal range: the quantum is 2^-9; a * 512 is exact, nearbyint rounds ties to even.
+    // A result of 8 is the code of 2^-6, the smallest normal, so no special case is needed.
+    return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));
+  }
+  // Normal range: keep 3 of FP32's 23 mantissa bits, rounding the dropped 20 to nearest even.
+  // A carry out of the mantissa bumps the exponent, which is the right answer; a < 448 keeps the
+  // result at or below 448.
+  uint32_t r = abs_bits + 0x7FFFFu + ((abs_bits >> 20) & 1u);
+  r &= ~0xFFFFFu;
+  const uint32_t exponent = (r >> 23) - 127 + 7;  // 1..15
+  return sign | static_cast<uint8_t>((exponent << 3) | ((r >> 20) & 7u));
+}
+
+// ------------------------------------------------------------------------------------------
+// BF16: the upper 16 bits of an IEEE binary32.
+// ------------------------------------------------------------------------------------------
+// Bf16ToFloat returns the value of bf16 bits `h` exactly.
+KVG_HOST_DEVICE inline float Bf16ToFloat(uint16_t h) { return BitCast<float>(uint32_t{h} << 16); }
+
+// Bf16FromFloat returns bf16 bits for `x`, rounded to nearest even; NaN stays a quiet NaN of
+// the same sign; values that round past the largest finite bf16 become +-inf (IEEE rounding).
+KVG_HOST_DEVICE inline uint16_t Bf16FromFloat(float x) {
+  const uint32_t bits = BitCast<uint32_t>(x);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);
+  return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
+// ------------------------------------------------------------------------------------------
+// FP16 (IEEE binary16), used for INT4 group scales.
+// ------------------------------------------------------------------------------------------
+// Fp16ToFloat returns the value of binary16 bits `h` exactly (subnormals, inf, NaN included).
+KVG_HOST_DEVICE inline float Fp16ToFloat(uint16_t h) {
+  const uint32_t sign = uint32_t{h & 0x8000u} << 16;
+  const uint32_t exp = (h >> 10) & 0x1Fu;
+  const uint32_t man = h & 0x3FFu;
+  if (exp == 0x1F) return BitCast<float>(sign | 0x7F800000u | (man << 13));
+  if (exp == 0) {
+    const float v = static_cast<float>(man) * 0x1p-24f;
+    return sign ? -v : v;
+  }
+  return BitCast<float>(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+// Fp16FromFloat returns binary16 bits nearest to `x` (ties to even); overflow gives +-inf.
+KVG_HOST_DEVICE inline uint16_t Fp16FromFloat(float x) {
+  const uint32_t bits = BitCast<uint32_t>(x);
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t abs_bits = bits & 0x7FFFFFFFu;
+  if (abs_bits > 0x7F800000u) return sign | 0x7E00u;
+  const float a = BitCast<float>(abs_bits);
+  if (a < 0x1p-14f) {  // subnormal: quantum 2^-24, exact scaling then ties-to-even
+    return sign | static_cast<uint16_t>(std::nearbyint(a * 0x1p24f));
+  }
+  uint32_t r = abs_bits + 0xFFFu + ((abs_bits >> 13) & 1u);
+  r &= ~0x1FFFu;
+  const int32_t exp = static_cast<int32_t>(r >> 23) - 127 + 15;
+  if (exp >= 31) return sign | 0x7C00u;
+  return sign | static_cast<uint16_t>((static_cast<uint32_t>(exp) << 10) | ((r >> 13) & 0x3FFu));
+}
+
+// ------------------------------------------------------------------------------------------
+// Weight formats for y = W x.  W is [rows, cols] row-major (rows = output features).
+// ------------------------------------------------------------------------------------------
+enum class WeightFormat : uint8_t { kFp32, kBf16, kFp8, kInt4 };
+
+// FP8 weights: one e4m3 byte per element, row-major [rows, cols], one FP32 scale per output
+// row (per output channel): scale[r] = max_c |W[r, c]| / 448.
+
+// INT4 weights: symmetric group quantisation along each row.
+//   group G in {32, 64, 128}; cols % G == 0.
+//   codes:  uint8 [rows, cols / 2]. Row r, group g occupies G/2 bytes starting at byte
+//           (r * cols + g * G) / 2. Byte i of a group holds element i in its low nibble and
+//           element i + G/2 in its high nibble, each stored as q + 8 (q in [-8, 7]).
+//           (Splitting a group into halves, rather than pairing neighbours, lets SIMD code
+//           unpack one load into two contiguous runs of elements with a mask and a shift.)
+//   scales: FP16 [rows, cols / G]; scale = max |w| over the group / 7, rounded to FP16 first,
+//           then q = clamp(rne(w / scale), -8, 7). A group of zeros has scale 0 and q = 0.
+inline constexpr int kInt4ZeroPoint = 8;
+inline constexpr bool IsValidInt4Group(int g) { return g == 32 || g == 64 || g == 128; }
+
+// One 128-element INT4 group as stored: the unit the SIMD kernels consume.
+struct Int4Group128 {
+  uint8_t codes[64];  // [64] low nibble: element i, high nibble: element i + 64
+};
+static_assert(sizeof(Int4Group128) == 64);
+
+// WeightView is a non-owning view of a quantised weight matrix; which pointers are used
+// depends on `format`. All pointers stay owned by the caller.
+struct WeightView {
+  WeightFormat format = WeightFormat::kFp32;
+  int rows = 0;                            // output features
+  int cols = 0;                            // input features
+  int group = 0;                           // INT4 group size (kInt4 only)
+  const void* data = nullptr;              // fp32 / bf16 / e4m3 [rows, cols]; int4 [rows, cols/2]
+  const float* row_scales = nullptr;       // [rows]          (kFp8 only)
+  const uint16_t* group_scales = nullptr;  // fp16 [rows, cols/group] (kInt4 only)
+};
+
+// WeightBytes returns the bytes a full pass over `w` reads (codes plus scales).
+inline size_t WeightBytes(const WeightView& w) {
+  const size_t n = static_cast<size_t>(w.rows) * static_cast<size_t>(w.cols);
+  switch (w.format) {
+    case WeightFormat::kFp32:
+      return n * 4;
+    case WeightFormat::kBf16:
+      return n * 2;
+    case WeightFormat::kFp8:
+      return n + static_cast<size_t>(w.rows) * 4;
+    case WeightFormat::kInt4:
+      return n / 2 + (w.group > 0 ? n / static_cast<size_t>(w.group) * 2 : 0);
+  }
+  return 0;
+}
+
+// ------------------------------------------------------------------------------------------
+// Paged KV cache, as the attention kernels see it.
+//
+// The pool is an array of physical pages. A page holds `page_size` (P) consecutive tokens of
+// one sequence, for every kv head of one layer, K and V separately:
+//   K page, per kv head:  [head_dim, P]   (transposed: one row of P scores' inputs per dim,
+//                                          so a score vector for P tokens is head_dim FMAs
+//                                          with no horizontal sums)
+//   V page, per kv head:  [P, head_dim]   (one output row per token)
+// Elements are FP32, BF16 bits or e4m3 codes. FP8 pages carry one FP32 scale per
+// (layer, kv head) for K and one for V, with the convention above.
+// ------------------------------------------------------------------------------------------
+enum class KvDtype : uint8_t { kFp32, kBf16, kFp8E4m3 };
+
+inline constexpr size_t KvDtypeBytes(KvDtype t) {
+  return t == KvDtype::kFp32 ? 4 : t == KvDtype::kBf16 ? 2 : 1;
+}
+
+// PagedKvView is a non-owning view of one layer of the paged cache. Element (page, head, ...)
+// of K lives at k + page * page_stride + head * head_stride + dim * page_size + token,
+// of V at v + page * page_stride + head * head_stride + token * head_dim + dim
+// (offsets in elements of `dtype`).
+struct PagedKvView {
+  KvDtype dtype = KvDtype::kFp32;
+  int page_size = 16;  // P, tokens per page
+  int num_kv_heads = 0;
+  int head_dim = 0;                // 64 or 128
+  const void* k = nullptr;         // [num_pages, num_kv_heads, head_dim, P] with the strides below
+  const void* v = nullptr;         // [num_pages, num_kv_heads, P, head_dim] with the strides below
+  int64_t page_stride = 0;         // elements between consecutive physical pages
+  int64_t head_stride = 0;         // elements between kv heads within a page (>= P * head_dim)
+  const float* k_scale = nullptr;  // [num_kv_heads], FP8 only
+  const float* v_scale = nullptr;  // [num_kv_heads], FP8 only
+};
+
+// DecodeQuery describes one request of a decode batch: one query token attending to the
+// first `length` tokens of its sequence, which live in pages page_table[0 .. ceil(length/P)).
+struct DecodeQuery {
+  const float* q = nullptr;             // [num_heads, head_dim]
+  const int32_t* page_table = nullptr;  // [ceil(length / P)] physical page ids, any order
+  int length = 0;                       // tokens to attend to (causal: the token itself included)
+  float* out = nullptr;                 // [num_heads, head_dim]
+};
+
+}  // namespace kvguard::kernels
+
+#endif  // KVGUARD_KERNELS_FORMATS_H_

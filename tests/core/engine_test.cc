@@ -1,0 +1,220 @@
+// The continuous-batching engine: batching, preemption, cancel, stop sequences, limits.
+#include "core/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/synthetic_model.h"
+
+namespace kvguard::core {
+namespace {
+
+using kernels::KvDtype;
+using kernels::WeightFormat;
+
+struct Setup {
+  std::shared_ptr<Model> model;
+  std::shared_ptr<const Tokenizer> tokenizer;
+};
+
+// One FP32 tiny model shared by every test (loading is the slow part).
+const Setup& Fp32Tiny() {
+  static const Setup* s = [] {
+    auto* setup = new Setup;
+    auto source = *MakeBuiltinSource("tiny", 1);
+    ModelOptions mo;
+    mo.prefill_weights = WeightFormat::kFp32;
+    mo.decode_weights = WeightFormat::kFp32;
+    setup->model = *Model::Load(*source, mo, nullptr);
+    setup->tokenizer = *ByteTokenizer::Create(setup->model->config().vocab_size);
+    return setup;
+  }();
+  return *s;
+}
+
+std::unique_ptr<Engine> MakeEngine(int pages, int max_batch = 64) {
+  const Setup& s = Fp32Tiny();
+  KvPoolOptions po;
+  po.dtype = KvDtype::kFp32;
+  po.budget_bytes = s.model->config().KvBytesPerToken(4) * 16 * size_t(pages);
+  EngineOptions eo;
+  eo.max_batch = max_batch;
+  eo.check_accounting = true;
+  eo.decode_threads = 2;
+  eo.prefill_threads = 1;
+  return *Engine::Create(s.model, s.tokenizer, *KvPool::Create(s.model->config(), po), eo);
+}
+
+GenerationRequest Greedy(const std::string& prompt, int max_tokens) {
+  GenerationRequest r;
+  r.prompt = Fp32Tiny().tokenizer->Encode(prompt, /*add_bos=*/true);
+  r.max_tokens = max_tokens;
+  r.stop_at_eos = false;
+  return r;
+}
+
+std::vector<int> RunAlone(const std::string& prompt, int max_tokens) {
+  auto engine = MakeEngine(64);
+  const RequestId id = *engine->Submit(Greedy(prompt, max_tokens));
+  return engine->Wait(id)->tokens;
+}
+
+const std::vector<std::string> kPrompts = {"Once upon a time", "The robot", "kvguard", "a",
+                                           "Paged attention reads FP8 pages"};
+
+TEST(EngineTest, BatchedGreedyEqualsEachAlone) {
+  std::vector<std::vector<int>> alone;
+  for (const auto& p : kPrompts) alone.push_back(RunAlone(p, 24));
+  auto engine = MakeEngine(64);
+  std::vector<RequestId> ids;
+  for (const auto& p : kPrompts) ids.push_back(*engine->Submit(Greedy(p, 24)));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const GenerationResult r = *engine->Wait(ids[i]);
+    EXPECT_EQ(r.reason, FinishReason::kLength);
+    EXPECT_EQ(r.tokens, alone[i]) << kPrompts[i];
+    EXPECT_EQ(r.tokens.size(), 24u);
+  }
+  EXPECT_GT(engine->stats().max_running, 1) << "requests never actually shared a step";
+  EXPECT_EQ(engine->stats().free_pages, engine->stats().total_pages);
+}
+
+TEST(EngineTest, PreemptionAndRecomputeGiveTheSameTokens) {
+  std::vector<std::vector<int>> alone;
+  for (const auto& p : kPrompts) alone.push_back(RunAlone(p, 60));
+  // 10 pages of 16 tokens cannot hold five sequences of up to ~90 tokens at once.
+  auto engine = MakeEngine(10);
+  std::vector<RequestId> ids;
+  for (const auto& p : kPrompts) ids.push_back(*engine->Submit(Greedy(p, 60)));
+  int preempted = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const GenerationResult r = *engine->Wait(ids[i]);
+    EXPECT_EQ(r.tokens, alone[i]) << kPrompts[i];
+    preempted += r.preemptions;
+  }
+  EXPECT_GT(preempted, 0) << "the pool never ran dry: the test did not exercise preemption";
+  EXPECT_EQ(engine->stats().preemptions, preempted);
+  EXPECT_EQ(engine->stats().free_pages, engine->stats().total_pages);
+}
+
+TEST(EngineTest, MaxTokensStopsExactly) {
+  auto engine = MakeEngine(16);
+  for (int n : {1, 2, 17}) {
+    const GenerationResult r = *engine->Wait(*engine->Submit(Greedy("abc", n)));
+    EXPECT_EQ(r.reason, FinishReason::kLength);
+    EXPECT_EQ(static_cast<int>(r.tokens.size()), n);
+  }
+}
+
+TEST(EngineTest, StopSequenceEndsTheRequestAndIsNotReturned) {
+  // Find the text greedy decoding produces (valid UTF-8: bytes the random model emits that
+  // do not form characters come out as U+FFFD), then stop on its 4th and 5th characters.
+  auto engine = MakeEngine(16);
+  const GenerationResult full = *engine->Wait(*engine->Submit(Greedy("The robot", 30)));
+  std::vector<size_t> starts;  // byte offsets where characters start
+  for (size_t i = 0; i < full.text.size(); ++i) {
+    if ((static_cast<unsigned char>(full.text[i]) & 0xC0) != 0x80) starts.push_back(i);
+  }
+  ASSERT_GE(starts.size(), 6u);
+  const std::string stop = full.text.substr(starts[3], starts[5] - starts[3]);
+  GenerationRequest req = Greedy("The robot", 30);
+  req.stop = {stop};
+  std::string streamed;
+  req.on_text = [&](std::string_view t) { streamed += t; };
+  const GenerationResult r = *engine->Wait(*engine->Submit(std::move(req)));
+  EXPECT_EQ(r.reason, FinishReason::kStop);
+  EXPECT_EQ(r.text, full.text.substr(0, full.text.find(stop)));
+  EXPECT_EQ(streamed, r.text);
+  // Positive twin: a stop sequence that never appears changes nothing.
+  GenerationRequest other = Greedy("The robot", 30);
+  other.stop = {"never in this text"};
+  const GenerationResult r2 = *engine->Wait(*engine->Submit(std::move(other)));
+  EXPECT_EQ(r2.reason, FinishReason::kLength);
+  EXPECT_EQ(r2.tokens, full.tokens);
+  EXPECT_EQ(r2.text, full.text);
+}
+
+TEST(EngineTest, CancelAtAnyMomentReleasesEverything) {
+  auto engine = MakeEngine(64, /*max_batch=*/4);
+  // Six long requests, four running at most: cancel one while it is still queued, then the
+  // rest as soon as the first has produced text (mid-decode; some still queued).
+  std::atomic<int> chunks{0};
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 6; ++i) {
+    GenerationRequest r = Greedy("cancel me " + std::to_string(i), 480);
+    if (i == 0) r.on_text = [&](std::string_view) { chunks.fetch_add(1); };
+    ids.push_back(*engine->Submit(std::move(r)));
+  }
+  engine->Cancel(ids[5]);
+  while (chunks.load() == 0) std::this_thread::yield();
+  for (int i = 0; i < 5; ++i) engine->Cancel(ids[i]);
+  for (RequestId id : ids) {
+    const GenerationResult r = *engine->Wait(id);
+    EXPECT_EQ(r.reason, FinishReason::kCancelled);
+    EXPECT_LT(r.tokens.size(), 480u);
+  }
+  EXPECT_EQ(engine->stats().free_pages, engine->stats().total_pages);
+  engine->Cancel(12345);  // unknown ids are ignored
+  // Positive twin: an uncancelled request in the same engine completes.
+  EXPECT_EQ(engine->Wait(*engine->Submit(Greedy("done", 5)))->reason, FinishReason::kLength);
+}
+
+TEST(EngineTest, BadRequestsGetClearErrors) {
+  auto engine = MakeEngine(8);
+  GenerationRequest empty;
+  empty.max_tokens = 4;
+  const auto e1 = engine->Submit(empty);
+  EXPECT_EQ(e1.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(e1.status().message().find("empty prompt"), std::string::npos);
+
+  GenerationRequest too_long = Greedy(std::string(600, 'x'), 4);  // context is 512
+  const auto e2 = engine->Submit(too_long);
+  EXPECT_EQ(e2.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(e2.status().message().find("context"), std::string::npos);
+
+  GenerationRequest zero = Greedy("x", 0);
+  EXPECT_EQ(engine->Submit(zero).status().code(), absl::StatusCode::kInvalidArgument);
+
+  GenerationRequest bad_token = Greedy("x", 3);
+  bad_token.prompt.push_back(99999);
+  EXPECT_EQ(engine->Submit(bad_token).status().code(), absl::StatusCode::kInvalidArgument);
+
+  GenerationRequest bad_temp = Greedy("x", 3);
+  bad_temp.sampling.temperature = -1;
+  EXPECT_EQ(engine->Submit(bad_temp).status().code(), absl::StatusCode::kInvalidArgument);
+
+  // 8 pages of 16 tokens, one kept in reserve: a 200-token prompt can never be admitted.
+  const auto e3 = engine->Submit(Greedy(std::string(200, 'y'), 4));
+  EXPECT_EQ(e3.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(e3.status().message().find("KV pages"), std::string::npos);
+
+  // Nothing above disturbed the engine: a good request still runs.
+  EXPECT_EQ(engine->Wait(*engine->Submit(Greedy("fine", 3)))->tokens.size(), 3u);
+}
+
+TEST(EngineTest, SeededSamplingIsReproducible) {
+  auto engine = MakeEngine(32);
+  auto sampled = [&](uint64_t seed) {
+    GenerationRequest r = Greedy("sample", 40);
+    r.sampling.temperature = 1.0f;
+    r.sampling.top_p = 0.9f;
+    r.sampling.seed = seed;
+    return engine->Wait(*engine->Submit(std::move(r)))->tokens;
+  };
+  EXPECT_EQ(sampled(7), sampled(7));
+  EXPECT_NE(sampled(7), sampled(8));
+}
+
+TEST(EngineTest, FirstTokenAndGapsAreTimed) {
+  auto engine = MakeEngine(16);
+  const GenerationResult r = *engine->Wait(*engine->Submit(Greedy("time", 10)));
+  EXPECT_GT(r.first_token_seconds, 0);
+  EXPECT_EQ(r.token_seconds.size(), 9u);
+}
+
+}  // namespace
+}  // namespace kvguard::core

@@ -1,0 +1,394 @@
+// Tests for MatMul: every weight format x batch {1, 2, 3, 7, 8, 16, 64} x shapes (odd row
+// counts, cols from 1 to 4096, partial INT4 chunks) x {no pool, 2 threads} x every Highway
+// target this CPU supports, each output checked against ref::MatMul on the dequantised weights
+// with a named error budget computed from the data of that output.
+#include "kernels/cpu/matmul.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/quantize.h"
+
+namespace kvguard::kernels {
+namespace {
+
+constexpr double kU = 0x1p-24;  // FP32 unit roundoff
+
+// Error budgets (|y - y_ref| <= budget, per output):
+//
+// FpAccumulationBudget: FP32 accumulation. Every kernel keeps >= 16 independent partial sums
+// per output (lanes x accumulators; INT4: one term per group), so each partial sum chains at
+// most cols/16 rounded FMAs; combining them adds <= 8 levels (accumulators, then lanes), the
+// row scale (FP8) or group scale product (INT4) 2 more, and the reference's own rounding to
+// FP32 (and FP8's FP32 dequantised weights) 2 more. The classical bound
+// |fl(sum) - sum| <= n u sum |terms| with n = cols/16 + 32 covers all of it; for cols = 4096
+// that is 1.7e-5 of sum |w x|.
+double FpAccumulationBudget(int cols) { return (cols / 16 + 32) * kU; }
+
+// DenormalFloor: below 2^-126 FP32 rounds to an absolute quantum, 2^-149, not a relative one, so
+// each of the at most cols + 32 roundings may add 2^-150 however small sum |w x| is (relevant only
+// when products land in the denormal range, as with denormal x).
+double DenormalFloor(int cols) { return (cols + 32) * 0x1p-150; }
+
+// kActivationRounding: INT4 replaces x_c by q_c s_b with s_b = max_b |x| / 127 and
+// q_c = rne(fl(x_c / s_b)); the division's rounding adds at most 127 u to |x_c / s_b| before
+// rne, so |x_c - q_c s_b| <= s_b (1/2 + 128 u) <= s_b (1/2 + 2^-16).
+constexpr double kActivationRounding = 0.5 + 0x1p-16;
+constexpr float kXFlushBelow = 0x1p-100f;  // blocks below this max |x| are taken as zero
+
+const int kBatches[] = {1, 2, 3, 7, 8, 16, 64};
+
+struct Shape {
+  int rows, cols, group;
+};
+
+// Row counts 1, 13, 257 and others not multiples of the row block (16); INT4 cols multiples of
+// the group, including cols % 128 != 0 (a partial 64-byte chunk of codes) and odd chunk counts.
+const Shape kInt4Shapes[] = {{1, 4096, 128}, {13, 96, 32},  {257, 32, 32}, {16, 160, 32},
+                             {17, 192, 64},  {3, 384, 128}, {1, 4096, 32}, {5, 128, 64}};
+// Float formats also take any cols: tails of every length below a vector.
+const Shape kFloatShapes[] = {{1, 4096, 0}, {13, 96, 0}, {257, 32, 0}, {16, 160, 0},
+                              {17, 37, 0},  {3, 1, 0},   {5, 23, 0}};
+
+const char* FormatName(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::kFp32:
+      return "fp32";
+    case WeightFormat::kBf16:
+      return "bf16";
+    case WeightFormat::kFp8:
+      return "fp8";
+    case WeightFormat::kInt4:
+      return "int4";
+  }
+  return "?";
+}
+
+std::vector<float> RandomWeights(int rows, int cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> w(static_cast<size_t>(rows) * cols);
+  for (int r = 0; r < rows; ++r) {
+    const float magnitude = std::ldexp(1.0f, r % 5 - 2);  // rows differ: scales matter
+    for (int c = 0; c < cols; ++c) w[static_cast<size_t>(r) * cols + c] = normal(rng) * magnitude;
+  }
+  return w;
+}
+
+std::vector<float> RandomActivations(int batch, int cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> pick(0, 63);
+  std::vector<float> x(static_cast<size_t>(batch) * cols);
+  for (float& v : x) v = normal(rng) * (pick(rng) == 0 ? 30.0f : 1.0f);  // LLM-like outliers
+  return x;
+}
+
+// Budget returns the allowed |y - y_ref| for every output [batch, rows], from the data.
+std::vector<double> Budget(WeightFormat format, int group, const std::vector<float>& deq, int rows,
+                           int cols, const std::vector<float>& x, int batch) {
+  std::vector<double> budget(static_cast<size_t>(batch) * rows);
+  const double accumulation = FpAccumulationBudget(cols);
+  for (int b = 0; b < batch; ++b) {
+    const float* xb = x.data() + static_cast<size_t>(b) * cols;
+    // INT4's per-block activation scale s_b, computed the way the kernel does.
+    std::vector<double> s(cols, 0.0), flush(cols, 0.0);
+    if (format == WeightFormat::kInt4) {
+      for (int c0 = 0; c0 < cols; c0 += group) {
+        float amax = 0;
+        for (int c = c0; c < c0 + group; ++c) amax = std::max(amax, std::fabs(xb[c]));
+        for (int c = c0; c < c0 + group; ++c) {
+          if (amax < kXFlushBelow) {
+            flush[c] = amax;
+          } else {
+            s[c] = amax / 127.0f;
+          }
+        }
+      }
+    }
+    for (int r = 0; r < rows; ++r) {
+      const float* wr = deq.data() + static_cast<size_t>(r) * cols;
+      double activation = 0, magnitude = 0;
+      for (int c = 0; c < cols; ++c) {
+        const double aw = std::fabs(static_cast<double>(wr[c]));
+        activation += aw * (s[c] * kActivationRounding + flush[c]);
+        magnitude += aw * (std::fabs(static_cast<double>(xb[c])) + s[c]);
+      }
+      budget[static_cast<size_t>(b) * rows + r] =
+          activation + accumulation * magnitude + DenormalFloor(cols);
+    }
+  }
+  return budget;
+}
+
+class MatMulTest : public ::testing::Test {
+ protected:
+  void SetUp() override { targets_ = SupportedTargets(); }
+  void TearDown() override { ResetTarget(); }
+
+  // Check runs MatMul on `w` (quantised from `wf`) for every target and both thread settings,
+  // and compares each output with ref::MatMul on the dequantised weights within its budget.
+  void Check(const std::vector<float>& wf, const Shape& shape, WeightFormat format,
+             const std::vector<float>& x, int batch) {
+    SCOPED_TRACE(std::string(FormatName(format)) + " " + std::to_string(shape.rows) + "x" +
+                 std::to_string(shape.cols) + " group " + std::to_string(shape.group) + " batch " +
+                 std::to_string(batch));
+    const QuantizedMatrix q =
+        QuantizeMatrix(wf.data(), shape.rows, shape.cols, format, shape.group ? shape.group : 128);
+    const std::vector<float> deq = DequantizeMatrix(q.view());
+    WeightView deq_view;
+    deq_view.rows = shape.rows;
+    deq_view.cols = shape.cols;
+    deq_view.data = deq.data();
+    std::vector<float> want(static_cast<size_t>(batch) * shape.rows);
+    ref::MatMul(deq_view, x.data(), batch, want.data(), nullptr);
+    const std::vector<double> budget =
+        Budget(format, shape.group, deq, shape.rows, shape.cols, x, batch);
+    for (int64_t target : targets_) {
+      SCOPED_TRACE(TargetName(target));
+      ForceTarget(target);
+      for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2_}) {
+        SCOPED_TRACE(pool ? "2 threads" : "no pool");
+        std::vector<float> got(want.size(), std::numeric_limits<float>::quiet_NaN());
+        MatMul(q.view(), x.data(), batch, got.data(), pool);
+        int bad = 0;
+        for (size_t i = 0; i < got.size(); ++i) {
+          const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
+          if (!(err <= budget[i]) && bad++ < 3) {
+            ADD_FAILURE() << "y[batch " << i / shape.rows << ", row " << i % shape.rows
+                          << "] = " << got[i] << ", ref " << want[i] << ", error " << err
+                          << " > budget " << budget[i];
+          }
+        }
+        if (bad > 0) {
+          ADD_FAILURE() << bad << " of " << got.size() << " outputs out of budget";
+          return;
+        }
+      }
+    }
+    ResetTarget();
+  }
+
+  void RunTable(WeightFormat format, const Shape* shapes, size_t count) {
+    uint32_t seed = 100;
+    for (size_t s = 0; s < count; ++s) {
+      const Shape& shape = shapes[s];
+      const std::vector<float> w = RandomWeights(shape.rows, shape.cols, ++seed);
+      for (int batch : kBatches) {
+        const std::vector<float> x = RandomActivations(batch, shape.cols, ++seed);
+        Check(w, shape, format, x, batch);
+        if (HasFailure()) return;
+      }
+    }
+  }
+
+  std::vector<int64_t> targets_;
+  ThreadPool pool2_{2};
+};
+
+TEST_F(MatMulTest, Fp32MatchesReference) {
+  RunTable(WeightFormat::kFp32, kFloatShapes, std::size(kFloatShapes));
+}
+
+TEST_F(MatMulTest, Bf16MatchesReference) {
+  RunTable(WeightFormat::kBf16, kFloatShapes, std::size(kFloatShapes));
+}
+
+TEST_F(MatMulTest, Fp8MatchesReference) {
+  RunTable(WeightFormat::kFp8, kFloatShapes, std::size(kFloatShapes));
+}
+
+TEST_F(MatMulTest, Int4MatchesReference) {
+  RunTable(WeightFormat::kInt4, kInt4Shapes, std::size(kInt4Shapes));
+}
+
+// With x already on each block's int8 grid (every block holds +-127 * 2^k, all else integer
+// multiples of 2^k), INT4's activation rounding is exact: only FP32 accumulation error is left,
+// so a kernel error hiding under the activation budget would show here.
+TEST_F(MatMulTest, Int4ExactWhenActivationsAreOnTheGrid) {
+  for (int group : {32, 64, 128}) {
+    const Shape shape{19, 4 * group + (group < 128 ? group : 0), group};
+    const std::vector<float> w = RandomWeights(shape.rows, shape.cols, 7 + group);
+    for (int batch : {1, 5}) {
+      std::mt19937 rng(group + batch);
+      std::uniform_int_distribution<int> q(-127, 127);
+      std::vector<float> x(static_cast<size_t>(batch) * shape.cols);
+      for (size_t c = 0; c < x.size(); ++c) {
+        const int exponent = static_cast<int>(c / group % 5) - 2;
+        const int v = c % group == 3 ? (c % 2 ? 127 : -127) : q(rng);
+        x[c] = std::ldexp(static_cast<float>(v), exponent);
+      }
+      // Budget() would add the activation term; here it must be zero, so check it directly.
+      SCOPED_TRACE(group);
+      const QuantizedMatrix qm =
+          QuantizeMatrix(w.data(), shape.rows, shape.cols, WeightFormat::kInt4, group);
+      const std::vector<float> deq = DequantizeMatrix(qm.view());
+      WeightView dv;
+      dv.rows = shape.rows;
+      dv.cols = shape.cols;
+      dv.data = deq.data();
+      std::vector<float> want(static_cast<size_t>(batch) * shape.rows);
+      ref::MatMul(dv, x.data(), batch, want.data(), nullptr);
+      for (int64_t target : targets_) {
+        SCOPED_TRACE(TargetName(target));
+        ForceTarget(target);
+        std::vector<float> got(want.size());
+        MatMul(qm.view(), x.data(), batch, got.data(), &pool2_);
+        for (int b = 0; b < batch; ++b) {
+          for (int r = 0; r < shape.rows; ++r) {
+            double magnitude = 0;
+            for (int c = 0; c < shape.cols; ++c) {
+              magnitude +=
+                  std::fabs(static_cast<double>(deq[r * shape.cols + c]) * x[b * shape.cols + c]);
+            }
+            const size_t i = static_cast<size_t>(b) * shape.rows + r;
+            ASSERT_LE(std::fabs(static_cast<double>(got[i]) - want[i]),
+                      FpAccumulationBudget(shape.cols) * magnitude)
+                << "batch " << b << " row " << r;
+          }
+        }
+      }
+      ResetTarget();
+    }
+  }
+}
+
+TEST_F(MatMulTest, ZeroWeightsGiveExactZeros) {
+  const int rows = 21, cols = 256;
+  const std::vector<float> w(static_cast<size_t>(rows) * cols, 0.0f);
+  const std::vector<float> x = RandomActivations(3, cols, 9);
+  for (WeightFormat f :
+       {WeightFormat::kFp32, WeightFormat::kBf16, WeightFormat::kFp8, WeightFormat::kInt4}) {
+    SCOPED_TRACE(FormatName(f));
+    const QuantizedMatrix q = QuantizeMatrix(w.data(), rows, cols, f, 64);
+    for (int64_t target : targets_) {
+      SCOPED_TRACE(TargetName(target));
+      ForceTarget(target);
+      std::vector<float> y(3 * rows, std::numeric_limits<float>::quiet_NaN());
+      MatMul(q.view(), x.data(), 3, y.data(), &pool2_);
+      for (float v : y) ASSERT_EQ(v, 0.0f);
+    }
+    ResetTarget();
+  }
+}
+
+// INT4 turns a non-finite x into NaN outputs for that column (documented), never into a finite
+// wrong answer; the other columns are unaffected.
+TEST_F(MatMulTest, Int4NonFiniteActivationGivesNaN) {
+  const int rows = 5, cols = 128;
+  const std::vector<float> w = RandomWeights(rows, cols, 11);
+  const QuantizedMatrix q = QuantizeMatrix(w.data(), rows, cols, WeightFormat::kInt4, 32);
+  for (float bad : {std::numeric_limits<float>::infinity(), std::nanf("")}) {
+    std::vector<float> x = RandomActivations(2, cols, 12);
+    x[cols + 70] = bad;  // column 1 only
+    for (int64_t target : targets_) {
+      SCOPED_TRACE(TargetName(target));
+      ForceTarget(target);
+      std::vector<float> y(2 * rows);
+      MatMul(q.view(), x.data(), 2, y.data(), nullptr);
+      for (int r = 0; r < rows; ++r) {
+        EXPECT_TRUE(std::isfinite(y[r])) << r;  // the twin: column 0 stays finite
+        EXPECT_TRUE(std::isnan(y[rows + r])) << r;
+      }
+    }
+    ResetTarget();
+  }
+}
+
+// A block whose max |x| is below 2^-100 counts as zero; the others are unaffected, and the
+// budget accounts for it (|error| <= max |x| of the block * sum |w|).
+TEST_F(MatMulTest, Int4TinyActivationBlocks) {
+  const Shape shape{6, 256, 64};
+  const std::vector<float> w = RandomWeights(shape.rows, shape.cols, 13);
+  std::vector<float> x = RandomActivations(1, shape.cols, 14);
+  for (int c = 64; c < 128; ++c) x[c] = std::ldexp(x[c], -110);
+  Check(w, shape, WeightFormat::kInt4, x, 1);
+}
+
+// Activations near both ends of FP32's range: FP8 scales each column of x by a power of two so
+// that products of tiny x with e4m3's small codes stay out of the denormal range (where they
+// would lose bits), and huge x must not overflow on the way.
+TEST_F(MatMulTest, ExtremeActivationMagnitudes) {
+  const Shape shape{7, 64, 32};
+  const std::vector<float> w = RandomWeights(shape.rows, shape.cols, 17);
+  std::vector<float> x = RandomActivations(3, shape.cols, 18);
+  x[5] = 1e36f;  // column 0: one huge element
+  for (int c = 0; c < shape.cols; ++c) {
+    x[shape.cols + c] *= 1e-35f;      // column 1: tiny normals
+    x[2 * shape.cols + c] *= 1e-40f;  // column 2: denormals
+  }
+  for (WeightFormat f :
+       {WeightFormat::kFp32, WeightFormat::kBf16, WeightFormat::kFp8, WeightFormat::kInt4}) {
+    Check(w, shape, f, x, 3);
+  }
+}
+
+TEST_F(MatMulTest, ReferenceOnQuantisedViewMatchesDequantised) {
+  const Shape shape{9, 192, 64};
+  const std::vector<float> w = RandomWeights(shape.rows, shape.cols, 15);
+  const std::vector<float> x = RandomActivations(2, shape.cols, 16);
+  for (WeightFormat f :
+       {WeightFormat::kFp32, WeightFormat::kBf16, WeightFormat::kFp8, WeightFormat::kInt4}) {
+    SCOPED_TRACE(FormatName(f));
+    const QuantizedMatrix q = QuantizeMatrix(w.data(), shape.rows, shape.cols, f, shape.group);
+    const std::vector<float> deq = DequantizeMatrix(q.view());
+    WeightView dv;
+    dv.rows = shape.rows;
+    dv.cols = shape.cols;
+    dv.data = deq.data();
+    std::vector<float> a(2 * shape.rows), b(2 * shape.rows);
+    ref::MatMul(q.view(), x.data(), 2, a.data(), &pool2_);
+    ref::MatMul(dv, x.data(), 2, b.data(), nullptr);
+    for (size_t i = 0; i < a.size(); ++i) {
+      double magnitude = 0;
+      for (int c = 0; c < shape.cols; ++c) {
+        magnitude += std::fabs(static_cast<double>(deq[(i % shape.rows) * shape.cols + c]) *
+                               x[(i / shape.rows) * shape.cols + c]);
+      }
+      // FP8's dequantised FP32 weights are rounded (u each); the rest is one rounding each.
+      EXPECT_LE(std::fabs(static_cast<double>(a[i]) - b[i]), 3 * kU * magnitude) << i;
+    }
+  }
+}
+
+TEST(MatMulDeathTest, BadArgumentsRefused) {
+  const std::vector<float> w(64 * 4, 0.5f), x(64 * 64, 1.0f);
+  std::vector<float> y(64 * 4);
+  const QuantizedMatrix q = QuantizeMatrix(w.data(), 4, 64, WeightFormat::kInt4, 32);
+  EXPECT_DEATH(MatMul(q.view(), x.data(), 0, y.data(), nullptr), "batch");
+  EXPECT_DEATH(MatMul(q.view(), x.data(), 65, y.data(), nullptr), "batch");
+  WeightView bad = q.view();
+  bad.group = 48;
+  EXPECT_DEATH(MatMul(bad, x.data(), 1, y.data(), nullptr), "INT4");
+  bad = q.view();
+  bad.cols = 80;  // not a multiple of the group
+  EXPECT_DEATH(MatMul(bad, x.data(), 1, y.data(), nullptr), "INT4");
+  const QuantizedMatrix f8 = QuantizeMatrix(w.data(), 4, 64, WeightFormat::kFp8);
+  bad = f8.view();
+  bad.row_scales = nullptr;
+  EXPECT_DEATH(MatMul(bad, x.data(), 1, y.data(), nullptr), "row scales");
+}
+
+TEST(MatMulDeathTest, GoodArgumentsAccepted) {  // positive twin of BadArgumentsRefused
+  // 7 is exact in both formats: INT4 group scale 1, FP8 row scale 7/448 = 2^-6.
+  const std::vector<float> w(64 * 4, 7.0f), x(64 * 64, 1.0f);
+  std::vector<float> y(64 * 64);
+  const QuantizedMatrix q = QuantizeMatrix(w.data(), 4, 64, WeightFormat::kInt4, 32);
+  MatMul(q.view(), x.data(), 1, y.data(), nullptr);
+  MatMul(q.view(), x.data(), 64, y.data(), nullptr);
+  for (int i = 0; i < 64 * 4; ++i) ASSERT_EQ(y[i], 448.0f) << i;  // 64 * 7 * 1
+  const QuantizedMatrix f8 = QuantizeMatrix(w.data(), 4, 64, WeightFormat::kFp8);
+  MatMul(f8.view(), x.data(), 1, y.data(), nullptr);
+  for (int i = 0; i < 4; ++i) ASSERT_EQ(y[i], 448.0f) << i;
+}
+
+}  // namespace
+}  // namespace kvguard::kernels

@@ -1,0 +1,363 @@
+// `kvguard bench` (engine): the serving experiment. A fixed KV byte budget and a fixed
+// context per request; closed-loop load at each concurrency (C requests always in flight);
+// configurations side by side: decode-weight format x KV cache dtype. Per point: output
+// tokens/s, p50/p99 time per output token, most requests admitted at once, preemptions, and
+// the effective bandwidth (weight + KV bytes a decode step reads, x steps/s) as a fraction
+// of the STREAM read bandwidth measured in the same run. Writes JSON, markdown and SVG.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "bench/bench_util.h"
+#include "core/runtime.h"
+#include "nlohmann/json.hpp"
+#include "tools/commands.h"
+#include "tools/flags.h"
+
+namespace kvguard::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Config {
+  std::string name;  // "int4/fp8_e4m3"
+  kernels::WeightFormat decode;
+  kernels::KvDtype kv;
+};
+
+struct Point {
+  std::string config;
+  int concurrency = 0;
+  int requests = 0;
+  int64_t output_tokens = 0;
+  double seconds = 0;
+  double tokens_per_s = 0;
+  double tpot_p50_ms = 0, tpot_p99_ms = 0;
+  int max_running = 0;
+  int64_t preemptions = 0;
+  int64_t decode_steps = 0;
+  double effective_gbps = 0;  // (weights + KV) bytes read per decode step x steps/s
+  double stream_fraction = 0;
+  int64_t capacity_tokens = 0;
+};
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5));
+  return v[i];
+}
+
+// A deterministic prompt of `len` byte tokens (after BOS), different per request.
+std::vector<int> Prompt(const core::Tokenizer& tok, int len, int salt) {
+  static const std::string text =
+      "The KV cache is the memory of a request: every token it has seen, as keys and values "
+      "for every layer. Serving many tenants means sharing one pool of pages among them. ";
+  std::string s;
+  for (int i = 0; static_cast<int>(s.size()) < len - 1; ++i)
+    s += text[(i + salt * 7) % text.size()];
+  return tok.Encode(s, /*add_bos=*/true);
+}
+
+std::string Svg(const std::vector<Point>& points, const std::vector<Config>& configs,
+                const std::string& title) {
+  const double W = 720, H = 440, L = 70, R = 180, T = 40, B = 50;
+  double max_tps = 1;
+  int max_c = 1;
+  for (const Point& p : points)
+    max_tps = std::max(max_tps, p.tokens_per_s), max_c = std::max(max_c, p.concurrency);
+  const double xmax = std::log2(static_cast<double>(max_c));
+  auto X = [&](int c) { return L + (xmax > 0 ? std::log2(double(c)) / xmax : 0.5) * (W - L - R); };
+  auto Y = [&](double v) { return H - B - v / (max_tps * 1.1) * (H - T - B); };
+  const char* colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"};
+  std::string svg = absl::StrCat(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"", W, "\" height=\"", H,
+      "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "
+      "fill=\"white\"/>\n<text x=\"",
+      L, "\" y=\"22\" font-size=\"14\">", title, "</text>\n");
+  absl::StrAppend(&svg, "<line x1=\"", L, "\" y1=\"", H - B, "\" x2=\"", W - R, "\" y2=\"", H - B,
+                  "\" stroke=\"black\"/><line x1=\"", L, "\" y1=\"", T, "\" x2=\"", L, "\" y2=\"",
+                  H - B, "\" stroke=\"black\"/>\n");
+  for (int c = 1; c <= max_c; c *= 2) {
+    absl::StrAppend(&svg, "<text x=\"", X(c), "\" y=\"", H - B + 18, "\" text-anchor=\"middle\">",
+                    c, "</text>\n");
+  }
+  for (int i = 0; i <= 4; ++i) {
+    const double v = max_tps * 1.1 * i / 4;
+    absl::StrAppend(&svg, "<text x=\"", L - 6, "\" y=\"", Y(v) + 4, "\" text-anchor=\"end\">",
+                    static_cast<int>(v), "</text><line x1=\"", L, "\" y1=\"", Y(v), "\" x2=\"",
+                    W - R, "\" y2=\"", Y(v), "\" stroke=\"#ddd\"/>\n");
+  }
+  absl::StrAppend(&svg, "<text x=\"", (L + W - R) / 2, "\" y=\"", H - 12,
+                  "\" text-anchor=\"middle\">concurrent requests</text>\n<text x=\"16\" y=\"",
+                  (T + H - B) / 2, "\" transform=\"rotate(-90 16 ", (T + H - B) / 2,
+                  ")\" text-anchor=\"middle\">output tokens/s</text>\n");
+  for (size_t k = 0; k < configs.size(); ++k) {
+    std::string pts;
+    for (const Point& p : points) {
+      if (p.config == configs[k].name)
+        absl::StrAppend(&pts, X(p.concurrency), ",", Y(p.tokens_per_s), " ");
+    }
+    const char* color = colors[k % 5];
+    absl::StrAppend(&svg, "<polyline fill=\"none\" stroke=\"", color,
+                    "\" stroke-width=\"2\" points=\"", pts, "\"/>\n<text x=\"", W - R + 10,
+                    "\" y=\"", T + 20 + 18 * k, "\" fill=\"", color, "\">", configs[k].name,
+                    "</text>\n");
+  }
+  return svg + "</svg>\n";
+}
+
+int BenchUsage(const std::string& error) {
+  if (!error.empty()) std::fprintf(stderr, "kvguard bench: %s\n\n", error.c_str());
+  std::fprintf(stderr,
+               "usage: kvguard bench [options] [engine flags]   (kernels: kvguard bench kernels)\n"
+               "  --configs LIST               decode-weights/kv-dtype pairs (default\n"
+               "                               int4/fp8_e4m3,int4/bf16,fp8/fp8_e4m3)\n"
+               "  --concurrency LIST           default 1,2,4,8,16,32,64\n"
+               "  --context N                  tokens per request, prompt + output (default 512)\n"
+               "  --prompt-len N               default context / 2\n"
+               "  --requests-per-client N      requests each concurrent client runs (default 2)\n"
+               "  --out PREFIX                 write PREFIX.json, .md, .svg (default: none)\n"
+               "  KV budget default: what holds 16 requests of --context tokens in BF16\n"
+               "%s",
+               kEngineFlagsHelp);
+  return error.empty() ? 0 : 2;
+}
+
+}  // namespace
+
+int RunBenchEngine(const std::vector<std::string>& argv) {
+  core::RuntimeOptions options;
+  std::string configs_text = "int4/fp8_e4m3,int4/bf16,fp8/fp8_e4m3";
+  std::string concurrency_text = "1,2,4,8,16,32,64";
+  int context = 512, prompt_len = 0, per_client = 2;
+  std::string out;
+  Args a(argv);
+  while (!a.done()) {
+    absl::Status s;
+    if (a.Flag("--help") || a.Flag("-h")) {
+      return BenchUsage("");
+    } else if (ParseEngineFlag(a, &options, &s)) {
+    } else if (a.Flag("--configs")) {
+      s = a.Value(&configs_text);
+    } else if (a.Flag("--concurrency")) {
+      s = a.Value(&concurrency_text);
+    } else if (a.Flag("--context")) {
+      s = a.Int(&context, 2, 1 << 20);
+    } else if (a.Flag("--prompt-len")) {
+      s = a.Int(&prompt_len, 1, 1 << 20);
+    } else if (a.Flag("--requests-per-client")) {
+      s = a.Int(&per_client, 1, 1000);
+    } else if (a.Flag("--out")) {
+      s = a.Value(&out);
+    } else {
+      return BenchUsage("unknown argument '" + a.peek() + "'");
+    }
+    if (!s.ok()) return BenchUsage(std::string(s.message()));
+  }
+  if (prompt_len == 0) prompt_len = context / 2;
+  if (prompt_len >= context) return BenchUsage("--prompt-len must be below --context");
+  std::vector<Config> configs;
+  for (absl::string_view item : absl::StrSplit(configs_text, ',')) {
+    std::vector<std::string> parts = absl::StrSplit(item, '/');
+    if (parts.size() != 2) return BenchUsage(absl::StrCat("config '", item, "' is not WEIGHTS/KV"));
+    auto w = core::ParseWeightFormat(parts[0]);
+    auto kv = core::ParseKvDtype(parts[1]);
+    if (!w.ok()) return BenchUsage(std::string(w.status().message()));
+    if (!kv.ok()) return BenchUsage(std::string(kv.status().message()));
+    configs.push_back({std::string(item), *w, *kv});
+  }
+  std::vector<int> concurrency;
+  for (absl::string_view item : absl::StrSplit(concurrency_text, ',')) {
+    int c = 0;
+    if (!absl::SimpleAtoi(item, &c) || c < 1 || c > 4096) {
+      return BenchUsage(absl::StrCat("bad concurrency '", item, "'"));
+    }
+    concurrency.push_back(c);
+  }
+
+  std::fprintf(stderr, "measuring STREAM read bandwidth (2 threads, 1 GiB, median of 5)...\n");
+  const double stream_before = bench::StreamReadGBps(2);
+  std::vector<Point> points;
+  std::map<std::string, double> peak_rss_gib, weights_gib, kv_gib;
+  core::Loaded loaded;
+  kernels::WeightFormat loaded_format{};
+  bool have_model = false;
+  for (const Config& cfg : configs) {
+    if (!have_model || loaded_format != cfg.decode) {
+      loaded = {};
+      options.weights.decode_weights = cfg.decode;
+      auto l = core::LoadModel(options);
+      if (!l.ok()) {
+        std::fprintf(stderr, "kvguard bench: %s\n", std::string(l.status().message()).c_str());
+        return 1;
+      }
+      loaded = *std::move(l);
+      loaded_format = cfg.decode;
+      have_model = true;
+    }
+    const core::ModelConfig& mc = loaded.model->config();
+    if (context > mc.max_context) return BenchUsage("--context exceeds the model's context");
+    core::RuntimeOptions run = options;
+    run.kv_dtype = cfg.kv;
+    if (run.kv_cache_bytes == 0) run.kv_cache_bytes = mc.KvBytesPerToken(2) * size_t(context) * 16;
+    for (int c : concurrency) {
+      run.engine.max_batch = std::min(std::max(c, 1), core::kMaxDecodeBatch);
+      auto engine = core::MakeEngine(loaded, run);
+      if (!engine.ok()) {
+        std::fprintf(stderr, "kvguard bench: %s\n", std::string(engine.status().message()).c_str());
+        return 1;
+      }
+      const int total = c * per_client;
+      std::vector<core::RequestId> in_flight;
+      std::vector<double> gaps;
+      int submitted = 0, finished = 0;
+      int64_t tokens = 0;
+      auto submit = [&]() -> bool {
+        core::GenerationRequest r;
+        r.prompt = Prompt(*loaded.tokenizer, prompt_len, submitted);
+        r.max_tokens = context - static_cast<int>(r.prompt.size());
+        r.stop_at_eos = false;
+        auto id = (*engine)->Submit(std::move(r));
+        if (!id.ok()) {
+          std::fprintf(stderr, "kvguard bench: %s\n", std::string(id.status().message()).c_str());
+          return false;
+        }
+        in_flight.push_back(*id);
+        ++submitted;
+        return true;
+      };
+      const auto start = Clock::now();
+      for (int i = 0; i < std::min(c, total); ++i) {
+        if (!submit()) return 1;
+      }
+      while (finished < total) {
+        const core::RequestId id = in_flight.front();
+        in_flight.erase(in_flight.begin());
+        auto res = (*engine)->Wait(id);
+        if (!res.ok() || res->reason == core::FinishReason::kError) {
+          std::fprintf(stderr, "kvguard bench: request failed: %s\n",
+                       std::string((res.ok() ? res->status : res.status()).message()).c_str());
+          return 1;
+        }
+        ++finished;
+        tokens += static_cast<int64_t>(res->tokens.size());
+        gaps.insert(gaps.end(), res->token_seconds.begin(), res->token_seconds.end());
+        if (submitted < total && !submit()) return 1;
+      }
+      const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      const core::EngineStats st = (*engine)->stats();
+      Point p;
+      p.config = cfg.name;
+      p.concurrency = c;
+      p.requests = total;
+      p.output_tokens = tokens;
+      p.seconds = seconds;
+      p.tokens_per_s = tokens / seconds;
+      p.tpot_p50_ms = Percentile(gaps, 0.50) * 1e3;
+      p.tpot_p99_ms = Percentile(gaps, 0.99) * 1e3;
+      p.max_running = st.max_running;
+      p.preemptions = st.preemptions;
+      p.decode_steps = st.decode_steps;
+      p.capacity_tokens = (*engine)->pool().capacity_tokens();
+      // Bytes one decode step reads: every decode weight once, plus each running sequence's
+      // KV (its average length over a request's life: prompt + half the output).
+      const double avg_running = st.decode_steps > 0 ? double(tokens - total) / st.decode_steps : 0;
+      const double kv_per_step = avg_running * (prompt_len + (context - prompt_len) / 2.0) *
+                                 double(mc.KvBytesPerToken(kernels::KvDtypeBytes(cfg.kv)));
+      const double bytes_per_step = double(loaded.model->DecodeWeightBytesPerStep()) + kv_per_step;
+      p.effective_gbps = bytes_per_step * st.decode_steps / seconds / 1e9;
+      p.stream_fraction = p.effective_gbps / stream_before;
+      std::fprintf(stderr,
+                   "%-16s C=%-3d %8.1f tok/s  TPOT p50 %7.2f ms p99 %7.2f ms  running<=%d  "
+                   "preempt %lld  eff %.1f GB/s (%.0f%% STREAM)\n",
+                   cfg.name.c_str(), c, p.tokens_per_s, p.tpot_p50_ms, p.tpot_p99_ms, p.max_running,
+                   static_cast<long long>(p.preemptions), p.effective_gbps,
+                   100 * p.stream_fraction);
+      points.push_back(p);
+      weights_gib[cfg.name] = loaded.model->WeightBytes() / 1073741824.0;
+      kv_gib[cfg.name] = double(run.kv_cache_bytes) / 1073741824.0;
+    }
+    peak_rss_gib[cfg.name] = core::PeakRssBytes() / 1073741824.0;
+  }
+  const double stream_after = bench::StreamReadGBps(2);
+
+  // Markdown.
+  const core::ModelConfig& mc = loaded.model->config();
+  std::string md = absl::StrCat(
+      "# Engine benchmark\n\n`kvguard bench ", absl::StrJoin(argv, " "), "`\n\n",
+      BuildDescription(), "\nModel `", options.model, "` (", mc.ParameterCount() / 1000000,
+      "M parameters), prefill weights ", core::WeightFormatName(options.weights.prefill_weights),
+      ", context ", context, " tokens per request (prompt ", prompt_len, "), ", per_client,
+      " requests per concurrent client, decode threads ", options.engine.decode_threads,
+      ".\nSTREAM read (2 threads) measured in this run: ", stream_before, " GB/s before, ",
+      stream_after, " GB/s after.\n\n",
+      "| config (decode weights / KV) | concurrency | KV capacity (tokens) | output tok/s | TPOT "
+      "p50 ms | "
+      "TPOT p99 ms | most running | preemptions | effective GB/s | % of STREAM |\n"
+      "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  for (const Point& p : points) {
+    char row[512];
+    std::snprintf(row, sizeof(row),
+                  "| %s | %d | %lld | %.1f | %.2f | %.2f | %d | %lld | %.1f | %.0f%% |\n",
+                  p.config.c_str(), p.concurrency, static_cast<long long>(p.capacity_tokens),
+                  p.tokens_per_s, p.tpot_p50_ms, p.tpot_p99_ms, p.max_running,
+                  static_cast<long long>(p.preemptions), p.effective_gbps, 100 * p.stream_fraction);
+    md += row;
+  }
+  md +=
+      "\n| config | weights GiB | KV budget GiB | peak RSS GiB (process, cumulative) |\n| --- | "
+      "---: | ---: | ---: |\n";
+  for (const Config& cfg : configs) {
+    md += absl::StrCat("| ", cfg.name, " | ", weights_gib[cfg.name], " | ", kv_gib[cfg.name], " | ",
+                       peak_rss_gib[cfg.name], " |\n");
+  }
+  std::printf("%s", md.c_str());
+  if (!out.empty()) {
+    nlohmann::json doc;
+    doc["command"] = "kvguard bench " + absl::StrJoin(argv, " ");
+    doc["model"] = options.model;
+    doc["context"] = context;
+    doc["prompt_len"] = prompt_len;
+    doc["stream_read_gbps"] = {stream_before, stream_after};
+    for (const Point& p : points) {
+      doc["points"].push_back({{"config", p.config},
+                               {"concurrency", p.concurrency},
+                               {"requests", p.requests},
+                               {"output_tokens", p.output_tokens},
+                               {"seconds", p.seconds},
+                               {"tokens_per_s", p.tokens_per_s},
+                               {"tpot_p50_ms", p.tpot_p50_ms},
+                               {"tpot_p99_ms", p.tpot_p99_ms},
+                               {"max_running", p.max_running},
+                               {"preemptions", p.preemptions},
+                               {"decode_steps", p.decode_steps},
+                               {"capacity_tokens", p.capacity_tokens},
+                               {"effective_gbps", p.effective_gbps},
+                               {"stream_fraction", p.stream_fraction}});
+    }
+    for (const Config& cfg : configs) {
+      doc["memory"][cfg.name] = {{"weights_gib", weights_gib[cfg.name]},
+                                 {"kv_budget_gib", kv_gib[cfg.name]},
+                                 {"peak_rss_gib", peak_rss_gib[cfg.name]}};
+    }
+    std::ofstream(out + ".json") << doc.dump(2) << "\n";
+    std::ofstream(out + ".md") << md;
+    std::ofstream(out + ".svg") << Svg(points, configs,
+                                       absl::StrCat("kvguard bench: ", options.model, ", context ",
+                                                    context, ", output tokens/s vs concurrency"));
+    std::fprintf(stderr, "wrote %s.{json,md,svg}\n", out.c_str());
+  }
+  return 0;
+}
+
+}  // namespace kvguard::tools

@@ -1,0 +1,28 @@
+// tools/commands.h: the subcommands of the one `kvguard` binary.
+//
+// Each Run* takes the arguments after its own name and returns the process exit code:
+// 0 on success, 1 when the work failed, 2 on a usage error (with a message on stderr).
+#ifndef KVGUARD_TOOLS_COMMANDS_H_
+#define KVGUARD_TOOLS_COMMANDS_H_
+
+#include <string>
+#include <vector>
+
+namespace kvguard::tools {
+
+int RunVersion(const std::vector<std::string>& args);
+int RunBench(const std::vector<std::string>& args);
+int RunGenerate(const std::vector<std::string>& args);
+int RunBenchEngine(const std::vector<std::string>& args);
+int RunEval(const std::vector<std::string>& args);
+
+// BuildDescription returns the multi-line text `kvguard version` prints (also written into
+// benchmark result files, so a figure always says what produced it).
+std::string BuildDescription();
+
+// CpuModel returns the CPU model name from /proc/cpuinfo, or "unknown".
+std::string CpuModel();
+
+}  // namespace kvguard::tools
+
+#endif  // KVGUARD_TOOLS_COMMANDS_H_

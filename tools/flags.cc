@@ -1,0 +1,141 @@
+#include "tools/flags.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace kvguard::tools {
+
+const char kEngineFlagsHelp[] =
+    "  --model NAME                 built-in model: tiny, small (default), medium\n"
+    "  --model-seed N               seed of the synthetic weights (default 1)\n"
+    "  --prefill-weights FMT        fp8 (default), bf16, fp32\n"
+    "  --decode-weights FMT         int4 (default), fp8, bf16, fp32\n"
+    "  --int4-group G               32, 64, 128 (default)\n"
+    "  --kv-cache-dtype DT          fp8_e4m3 (default), bf16, fp32\n"
+    "  --kv-cache-bytes N           KV pool budget, e.g. 512M, 2G\n"
+    "  --kv-cache-fraction F        else this fraction of available memory (default 0.1)\n"
+    "  --page-size P                tokens per KV page (default 16)\n"
+    "  --threads N                  threads for decode and for prefill (default 2)\n"
+    "  --max-batch N                most requests decoded together (default 64)\n";
+
+bool Args::Flag(const std::string& name) {
+  if (done()) return false;
+  const std::string& a = args_[i_];
+  if (a == name) {
+    has_inline_ = false;
+  } else if (a.rfind(name + "=", 0) == 0) {
+    has_inline_ = true;
+    inline_value_ = a.substr(name.size() + 1);
+  } else {
+    return false;
+  }
+  name_ = name;
+  ++i_;
+  return true;
+}
+
+absl::Status Args::Value(std::string* out) {
+  if (has_inline_) {
+    *out = inline_value_;
+    has_inline_ = false;
+    return absl::OkStatus();
+  }
+  if (done()) return absl::InvalidArgumentError(absl::StrCat(name_, " needs a value"));
+  *out = args_[i_++];
+  return absl::OkStatus();
+}
+
+absl::Status Args::Int(int* out, int lo, int hi) {
+  std::string v;
+  if (absl::Status s = Value(&v); !s.ok()) return s;
+  if (!absl::SimpleAtoi(v, out) || *out < lo || *out > hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name_, " '", v, "': want an integer in [", lo, ", ", hi, "]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Args::Double(double* out, double lo, double hi) {
+  std::string v;
+  if (absl::Status s = Value(&v); !s.ok()) return s;
+  if (!absl::SimpleAtod(v, out) || !(*out >= lo && *out <= hi)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name_, " '", v, "': want a number in [", lo, ", ", hi, "]"));
+  }
+  return absl::OkStatus();
+}
+
+bool ParseEngineFlag(Args& a, core::RuntimeOptions* o, absl::Status* status) {
+  std::string v;
+  int n = 0;
+  double d = 0;
+  auto value_to = [&](auto parse) {
+    *status = a.Value(&v);
+    if (status->ok()) *status = parse(v);
+    return true;
+  };
+  if (a.Flag("--model")) {
+    return value_to([&](const std::string& s) {
+      o->model = s;
+      return absl::OkStatus();
+    });
+  }
+  if (a.Flag("--model-seed")) {
+    *status = a.Int(&n, 0, 1 << 30);
+    o->seed = static_cast<uint64_t>(n);
+    return true;
+  }
+  if (a.Flag("--prefill-weights")) {
+    return value_to([&](const std::string& s) {
+      auto f = core::ParseWeightFormat(s);
+      if (f.ok()) o->weights.prefill_weights = *f;
+      return f.status();
+    });
+  }
+  if (a.Flag("--decode-weights")) {
+    return value_to([&](const std::string& s) {
+      auto f = core::ParseWeightFormat(s);
+      if (f.ok()) o->weights.decode_weights = *f;
+      return f.status();
+    });
+  }
+  if (a.Flag("--int4-group")) {
+    *status = a.Int(&o->weights.int4_group, 32, 128);
+    return true;
+  }
+  if (a.Flag("--kv-cache-dtype")) {
+    return value_to([&](const std::string& s) {
+      auto t = core::ParseKvDtype(s);
+      if (t.ok()) o->kv_dtype = *t;
+      return t.status();
+    });
+  }
+  if (a.Flag("--kv-cache-bytes")) {
+    return value_to([&](const std::string& s) {
+      auto b = core::ParseBytes(s);
+      if (b.ok()) o->kv_cache_bytes = *b;
+      return b.status();
+    });
+  }
+  if (a.Flag("--kv-cache-fraction")) {
+    *status = a.Double(&d, 1e-6, 0.9);
+    o->kv_cache_fraction = d;
+    return true;
+  }
+  if (a.Flag("--page-size")) {
+    *status = a.Int(&o->page_size, 1, 1024);
+    return true;
+  }
+  if (a.Flag("--threads")) {
+    *status = a.Int(&n, 1, 256);
+    o->engine.decode_threads = o->engine.prefill_threads = n;
+    return true;
+  }
+  if (a.Flag("--max-batch")) {
+    *status = a.Int(&o->engine.max_batch, 1, core::kMaxDecodeBatch);
+    return true;
+  }
+  return false;
+}
+
+}  // namespace kvguard::tools
