@@ -2,7 +2,8 @@
 # both run scripts/setup first (idempotent; quick when everything is installed).
 JOBS ?= $(shell nproc)
 
-.PHONY: all setup build build-asan run test test-default test-asan bench format clean
+.PHONY: all setup build build-asan build-tsan run test test-default test-asan test-tsan bench format \
+	clean
 
 all: build
 
@@ -26,14 +27,23 @@ run: build
 	$(KVGUARD) bench --model small --context 256 --concurrency 1,4,16 \
 	  --configs int4/fp8_e4m3,int4/bf16 --requests-per-client 1
 
-# Every test: the default preset's suite, then the same suite under ASan + UBSan.
-test: test-default test-asan
+# Every test: the default preset's suite, the same suite under ASan + UBSan, then the
+# multi-threaded suites (thread pool, engine) under ThreadSanitizer.
+TSAN_TESTS = thread_pool_test engine_test
+test: test-default test-asan test-tsan
 
 test-default: build
 	ctest --preset default -j $(JOBS)
 
 test-asan: build-asan
 	ctest --preset asan -j $(JOBS)
+
+build-tsan: setup
+	cmake --preset tsan
+	cmake --build --preset tsan -j $(JOBS) --target $(TSAN_TESTS)
+
+test-tsan: build-tsan
+	ctest --preset tsan -j $(JOBS) -R '^(ThreadPoolTest|EngineTest)\.'
 
 # The recorded benchmark runs (bench/results/): kernels, the serving experiment, quality.
 bench: build

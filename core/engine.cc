@@ -111,13 +111,14 @@ Engine::Engine(std::shared_ptr<Model> model, std::shared_ptr<const Tokenizer> to
 
 Engine::~Engine() {
   {
-    absl::MutexLock lock(&mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     stopping_ = true;
     for (auto& [id, r] : requests_) r->cancelled = true;
+    cv_.notify_all();
   }
   prefill_thread_.join();
   decode_thread_.join();
-  absl::MutexLock lock(&mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   for (auto& [id, r] : requests_) {
     if (r->state != Request::State::kDone) FinishLocked(r.get(), FinishReason::kCancelled, {});
   }
@@ -150,7 +151,7 @@ absl::StatusOr<RequestId> Engine::Submit(GenerationRequest request) {
         "prompt of ", n, " tokens needs ", need, " KV pages with the reserve; the pool has ",
         pool_->num_pages(), " (", pool_->capacity_tokens(), " tokens)"));
   }
-  absl::MutexLock lock(&mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   if (stopping_) return absl::UnavailableError("engine is shutting down");
   const RequestId id = next_id_++;
   auto r = std::make_unique<Request>(id, std::move(request));
@@ -158,11 +159,12 @@ absl::StatusOr<RequestId> Engine::Submit(GenerationRequest request) {
   waiting_.push_back(r.get());
   requests_[id] = std::move(r);
   ++stats_.submitted;
+  cv_.notify_all();
   return id;
 }
 
 void Engine::Cancel(RequestId id) {
-  absl::MutexLock lock(&mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
   Request* r = it->second.get();
@@ -176,19 +178,18 @@ void Engine::Cancel(RequestId id) {
 }
 
 absl::StatusOr<GenerationResult> Engine::Wait(RequestId id) {
-  absl::MutexLock lock(&mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   auto it = requests_.find(id);
   if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("no request ", id));
   Request* r = it->second.get();
-  mu_.Await(absl::Condition(
-      +[](Request* r) { return r->state == Request::State::kDone; }, r));
+  cv_.wait(lock, [r] { return r->state == Request::State::kDone; });
   GenerationResult result = std::move(r->result);
   requests_.erase(it);
   return result;
 }
 
 EngineStats Engine::stats() const {
-  absl::MutexLock lock(&mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   EngineStats s = stats_;
   s.queued = static_cast<int>(waiting_.size());
   s.prefilling = prefilling_;
@@ -221,6 +222,7 @@ void Engine::FinishLocked(Request* r, FinishReason reason, absl::Status status) 
   r->result.status = std::move(status);
   r->state = Request::State::kDone;
   ++stats_.finished;
+  cv_.notify_all();  // waiters on this request; the prefill worker (pages came free)
 }
 
 bool Engine::AcceptTokenLocked(Request* r, int token) {
@@ -273,7 +275,7 @@ void Engine::PrefillLoop() {
     Request* r = nullptr;
     int n = 0;
     {
-      absl::MutexLock lock(&mu_);
+      std::unique_lock<std::mutex> lock(mu_);
       // Admit the oldest waiting request once the pool holds its pages plus the reserve
       // and the decode batch has room for it.
       auto ready = [this, P]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -284,7 +286,7 @@ void Engine::PrefillLoop() {
         const int len = waiting_.front()->PrefillLength();
         return pool_->allocator().free_pages() >= (len + P - 1) / P + options_.reserve_pages;
       };
-      mu_.Await(absl::Condition(&ready));
+      cv_.wait(lock, ready);
       if (stopping_) return;
       r = waiting_.front();
       waiting_.pop_front();
@@ -306,7 +308,7 @@ void Engine::PrefillLoop() {
     // The model runs without the engine lock: only this thread touches r's pages meanwhile.
     const absl::Status status = model_->Prefill(std::span<const int>(r->tokens.data(), size_t(n)),
                                                 r->pages, *pool_, logits.data(), &prefill_pool_);
-    absl::MutexLock lock(&mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     --prefilling_;
     if (r->cancelled) {
       FinishLocked(r, FinishReason::kCancelled, {});
@@ -324,6 +326,7 @@ void Engine::PrefillLoop() {
     }
     r->state = Request::State::kHandedOver;
     handed_over_.push_back(r);
+    cv_.notify_all();
     if (options_.check_accounting) CheckAccountingLocked();
   }
 }
@@ -336,11 +339,11 @@ void Engine::DecodeLoop() {
   std::vector<Request*> batch;
   for (;;) {
     {
-      absl::MutexLock lock(&mu_);
+      std::unique_lock<std::mutex> lock(mu_);
       auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return stopping_ || !running_.empty() || !handed_over_.empty();
       };
-      mu_.Await(absl::Condition(&has_work));
+      cv_.wait(lock, has_work);
       if (stopping_) return;
       for (Request* r : handed_over_) {
         r->state = Request::State::kRunning;
@@ -377,6 +380,7 @@ void Engine::DecodeLoop() {
         ++victim->result.preemptions;
         ++stats_.preemptions;
         waiting_.push_front(victim);
+        cv_.notify_all();
         // If the victim was r itself the loop ends; otherwise r tries again.
       }
       if (running_.empty()) continue;
@@ -391,7 +395,7 @@ void Engine::DecodeLoop() {
     // pages meanwhile: only this thread finishes, preempts or grows running requests
     // (Cancel only flags them).
     const absl::Status status = model_->Decode(items, *pool_, logits.data(), &decode_pool_);
-    absl::MutexLock lock(&mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     ++stats_.decode_steps;
     for (size_t b = 0; b < batch.size(); ++b) {
       Request* r = batch[b];

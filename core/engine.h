@@ -13,17 +13,18 @@
 #ifndef KVGUARD_CORE_ENGINE_H_
 #define KVGUARD_CORE_ENGINE_H_
 
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "core/kv_pool.h"
 #include "core/model.h"
 #include "core/sampler.h"
@@ -128,7 +129,12 @@ class Engine {
   kernels::ThreadPool prefill_pool_;
   kernels::ThreadPool decode_pool_;
 
-  mutable absl::Mutex mu_;
+  // One lock and one condition variable for all engine state; every change that another
+  // thread may wait for (queue, pool pages, handover, completion) notifies cv_. std::mutex
+  // rather than absl::Mutex: Debian's Abseil is not built with ThreadSanitizer, so TSan
+  // cannot see absl::Mutex's synchronisation and the tsan preset would report false races.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   RequestId next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<RequestId, std::unique_ptr<Request>> requests_ ABSL_GUARDED_BY(mu_);

@@ -3,13 +3,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <mutex>
 #include <numeric>
 #include <string>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
@@ -92,7 +92,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const WeightSource& source,
     for (const auto& [suffix, dst] : mats) jobs.push_back({LayerTensorName(l, suffix), dst});
   }
   const int int4_group = options.int4_group;
-  absl::Mutex mu;
+  std::mutex mu;
   absl::Status first_error;
   std::atomic<size_t> next{0};
   // RunJobs quantises `values` [rows, cols] for job `job`. INT4 takes the largest group
@@ -105,7 +105,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const WeightSource& source,
       absl::Status s = TensorShape(c, jobs[j].name, &rows, &cols);
       if (s.ok()) s = read(jobs[j].name, &w);
       if (!s.ok()) {
-        absl::MutexLock lock(&mu);
+        std::lock_guard<std::mutex> lock(mu);
         if (first_error.ok()) first_error = s;
         return;
       }
@@ -122,7 +122,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const WeightSource& source,
         q[phase] = std::make_unique<QuantizedMatrix>(
             kernels::QuantizeMatrix(w.data(), rows, cols, f[phase], group));
       }
-      absl::MutexLock lock(&mu);
+      std::lock_guard<std::mutex> lock(mu);
       jobs[j].out[0] = q[0].get();
       jobs[j].out[1] = q[1] ? q[1].get() : q[0].get();
       m->matrices_.push_back(std::move(q[0]));

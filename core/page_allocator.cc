@@ -20,7 +20,7 @@ absl::StatusOr<PageGrant> PageAllocator::Grant(SessionId session) {
 absl::Status PageAllocator::GrantMany(SessionId session, int count, std::vector<PageGrant>* out) {
   if (session == kNoSession) return absl::InvalidArgumentError("grant to no session");
   if (count < 0) return absl::InvalidArgumentError("negative page count");
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (static_cast<size_t>(count) > free_.size()) {
     return absl::ResourceExhaustedError(
         absl::StrCat("KV pool: ", count, " pages wanted, ", free_.size(), " free"));
@@ -37,7 +37,7 @@ absl::Status PageAllocator::GrantMany(SessionId session, int count, std::vector<
 }
 
 absl::Status PageAllocator::Release(SessionId session, const PageGrant& grant) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (grant.page < 0 || static_cast<size_t>(grant.page) >= pages_.size()) {
     return absl::FailedPreconditionError(absl::StrCat("release of invalid page ", grant.page));
   }
@@ -54,24 +54,24 @@ absl::Status PageAllocator::Release(SessionId session, const PageGrant& grant) {
 }
 
 bool PageAllocator::Owns(SessionId session, const PageGrant& grant) const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (grant.page < 0 || static_cast<size_t>(grant.page) >= pages_.size()) return false;
   const Page& page = pages_[static_cast<size_t>(grant.page)];
   return session != kNoSession && page.owner == session && page.generation == grant.generation;
 }
 
 int PageAllocator::free_pages() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return static_cast<int>(free_.size());
 }
 
 int PageAllocator::used_pages() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return static_cast<int>(pages_.size() - free_.size());
 }
 
 absl::Status PageAllocator::CheckAccounting() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   std::vector<bool> on_free_list(pages_.size(), false);
   for (int32_t p : free_) {
     if (p < 0 || static_cast<size_t>(p) >= pages_.size() || on_free_list[static_cast<size_t>(p)]) {

@@ -9,12 +9,12 @@
 #define KVGUARD_CORE_PAGE_ALLOCATOR_H_
 
 #include <cstdint>
+#include <mutex>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 
 namespace kvguard::core {
 
@@ -61,7 +61,9 @@ class PageAllocator {
     SessionId owner = kNoSession;
     uint64_t generation = 0;  // even: free; odd: granted
   };
-  mutable absl::Mutex mu_;
+  // std::mutex rather than absl::Mutex: Debian's Abseil is not built with ThreadSanitizer,
+  // so TSan cannot see absl::Mutex's synchronisation and would report false races.
+  mutable std::mutex mu_;
   std::vector<Page> pages_ ABSL_GUARDED_BY(mu_);
   std::vector<int32_t> free_ ABSL_GUARDED_BY(mu_);  // LIFO: a just-freed page is reused first
 };

@@ -5,7 +5,7 @@
 namespace kvguard::kernels {
 namespace {
 
-// How long a worker spins before it sleeps: long enough to bridge the gap between two
+// How long a thread spins before it sleeps: long enough to bridge the gap between two
 // back-to-back matmuls of one decode step, short enough not to burn a core when idle.
 constexpr int kSpinIterations = 1 << 14;
 
@@ -20,7 +20,7 @@ inline void CpuRelax() {
 ThreadPool::ThreadPool(int num_threads) {
   const int workers = std::max(num_threads, 1) - 1;
   workers_.reserve(workers);
-  for (int i = 0; i < workers; ++i) workers_.emplace_back([this, i] { WorkerLoop(i + 1); });
+  for (int i = 0; i < workers; ++i) workers_.emplace_back([this] { WorkerLoop(); });
 }
 
 ThreadPool::~ThreadPool() {
@@ -30,19 +30,25 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::RunChunk(int index) {
-  const int64_t threads = size();
-  const int64_t units = (n_ + grain_ - 1) / grain_;
-  const int64_t per = units / threads;
-  const int64_t extra = units % threads;
-  const int64_t first_unit = index * per + std::min<int64_t>(index, extra);
-  const int64_t count = per + (index < extra ? 1 : 0);
-  const int64_t begin = std::min(n_, first_unit * grain_);
-  const int64_t end = std::min(n_, (first_unit + count) * grain_);
-  if (begin < end) (*fn_)(begin, end);
+void ThreadPool::RunChunks(uint64_t epoch) {
+  for (;;) {
+    uint64_t c = cursor_.load(std::memory_order_acquire);
+    if ((c >> 32) != (epoch & 0xFFFFFFFFu)) return;  // a newer job, or none yet
+    const int64_t index = static_cast<int64_t>(c & 0xFFFFFFFFu);
+    if (index >= chunks_.load(std::memory_order_relaxed)) return;
+    if (!cursor_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) continue;
+    // Claimed: the job cannot change until this chunk is counted in done_.
+    const int64_t begin = index * chunk_span_;
+    const int64_t end = std::min(n_, begin + chunk_span_);
+    (*fn_)(begin, end);
+    if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 ==
+        chunks_.load(std::memory_order_relaxed)) {
+      done_.notify_one();
+    }
+  }
 }
 
-void ThreadPool::WorkerLoop(int index) {
+void ThreadPool::WorkerLoop() {
   uint64_t seen = 0;
   for (;;) {
     uint64_t g = generation_.load(std::memory_order_acquire);
@@ -56,34 +62,41 @@ void ThreadPool::WorkerLoop(int index) {
     }
     seen = g;
     if (stop_.load(std::memory_order_acquire)) return;
-    RunChunk(index);
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
+    RunChunks(g);
   }
 }
 
 void ThreadPool::ParallelFor(int64_t n, int64_t grain,
                              const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
-  grain_ = std::max<int64_t>(grain, 1);
-  if (workers_.empty() || n <= grain_) {
+  grain = std::max<int64_t>(grain, 1);
+  const int64_t units = (n + grain - 1) / grain;
+  if (workers_.empty() || units <= 1) {
     fn(0, n);
     return;
   }
+  const int64_t want = std::min<int64_t>(units, size() * kChunksPerThread);
+  const int64_t units_per_chunk = (units + want - 1) / want;
+  const int64_t chunks = (units + units_per_chunk - 1) / units_per_chunk;
   fn_ = &fn;
   n_ = n;
-  pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
-  generation_.fetch_add(1, std::memory_order_acq_rel);
+  chunk_span_ = units_per_chunk * grain;
+  chunks_.store(chunks, std::memory_order_relaxed);
+  done_.store(0, std::memory_order_relaxed);
+  const uint64_t epoch = ++epoch_;
+  cursor_.store((epoch & 0xFFFFFFFFu) << 32, std::memory_order_release);  // publishes the job
+  generation_.store(epoch, std::memory_order_release);
   generation_.notify_all();
-  RunChunk(0);
-  // Spin first (the workers usually finish within microseconds of the caller), then sleep:
-  // on an oversubscribed machine a pure spin would burn whole scheduler slices waiting for a
-  // descheduled worker.
+  RunChunks(epoch);
+  // Every chunk is claimed; wait for those still running on workers. Spin first (they usually
+  // end within microseconds), then sleep: on an oversubscribed machine a pure spin would burn
+  // whole scheduler slices waiting for a descheduled worker.
   int spin = 0;
-  for (int p; (p = pending_.load(std::memory_order_acquire)) != 0;) {
+  for (int64_t d; (d = done_.load(std::memory_order_acquire)) != chunks;) {
     if (++spin < kSpinIterations) {
       CpuRelax();
     } else {
-      pending_.wait(p, std::memory_order_acquire);
+      done_.wait(d, std::memory_order_acquire);
     }
   }
   fn_ = nullptr;

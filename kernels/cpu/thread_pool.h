@@ -1,11 +1,14 @@
 // kernels/cpu/thread_pool.h: a small fork-join pool that the caller owns and passes to kernels.
 //
 // Decode steps call ParallelFor hundreds of times per token (several matmuls per layer), so the
-// hand-off latency matters more than anything else here: workers spin briefly on an atomic
-// generation counter before they sleep on it (std::atomic::wait, a futex on Linux), the
-// calling thread always takes a share of the work itself, and it too spins only briefly
-// before sleeping while it waits for the workers (so an oversubscribed machine degrades
-// gracefully instead of burning scheduler slices).
+// hand-off latency matters more than anything else here. Two choices follow from that, and
+// from running on small shared machines where a core can be taken away at any moment:
+//   * Work is cut into a few chunks per thread that threads claim one at a time from an atomic
+//     cursor, the caller included. A worker that is descheduled, or wakes late, simply claims
+//     fewer chunks; the caller never idles waiting for a share that nobody has started.
+//   * Workers spin briefly on an atomic generation counter before they sleep on it
+//     (std::atomic::wait, a futex on Linux); the caller, once the cursor is exhausted, also
+//     spins only briefly before sleeping until the last claimed chunk is done.
 #ifndef KVGUARD_KERNELS_CPU_THREAD_POOL_H_
 #define KVGUARD_KERNELS_CPU_THREAD_POOL_H_
 
@@ -29,21 +32,31 @@ class ThreadPool {
   // size returns the number of threads that share a ParallelFor, the caller included.
   int size() const { return static_cast<int>(workers_.size()) + 1; }
 
-  // ParallelFor splits [0, n) into size() contiguous chunks, each a multiple of `grain` (the
-  // last one takes the remainder), runs fn(begin, end) on each and returns when all are done.
-  // Not reentrant: one ParallelFor at a time per pool, and fn must not call back into it.
+  // ParallelFor splits [0, n) into contiguous chunks whose boundaries are multiples of `grain`
+  // (at most kChunksPerThread per thread), runs fn(begin, end) once for each chunk on whichever
+  // thread claims it, and returns when all are done. Which thread runs which chunk is not
+  // fixed. Not reentrant: one ParallelFor at a time per pool, and fn must not call back into
+  // it.
   void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
+  static constexpr int64_t kChunksPerThread = 4;
+
  private:
-  void WorkerLoop(int index);
-  void RunChunk(int index);
+  void WorkerLoop();
+  // RunChunks claims and runs chunks of job `epoch` until none is left (or another job began).
+  void RunChunks(uint64_t epoch);
 
   std::vector<std::thread> workers_;
+  // The current job. Written by the caller before it publishes the job through cursor_ (a
+  // release store); read by a worker only after it has claimed a chunk of that job.
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
   int64_t n_ = 0;
-  int64_t grain_ = 1;
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
+  int64_t chunk_span_ = 0;              // elements per chunk (a multiple of grain)
+  std::atomic<int64_t> chunks_{0};      // chunks in the current job
+  std::atomic<uint64_t> cursor_{0};     // (epoch << 32) | next unclaimed chunk
+  std::atomic<int64_t> done_{0};        // chunks of the current job finished
+  std::atomic<uint64_t> generation_{0};  // epoch of the latest job; workers wake on change
+  uint64_t epoch_ = 0;                  // caller-side job counter
   std::atomic<bool> stop_{false};
 };
 

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <cstdint>
 #include <vector>
 
@@ -33,12 +35,21 @@ TEST(ThreadPoolTest, ParallelForCoversRangeExactlyOnce) {
   }
 }
 
-// With two threads and enough work, both threads take a share (the caller is one of them).
+// Work is cut into a few chunks per thread; with enough of it, workers take a share.
 TEST(ThreadPoolTest, WorkIsSharedWithWorkers) {
   ThreadPool pool(2);
   std::atomic<int> chunks{0};
   pool.ParallelFor(1000, 1, [&](int64_t, int64_t) { chunks.fetch_add(1); });
-  EXPECT_EQ(chunks.load(), 2);
+  EXPECT_EQ(chunks.load(), 2 * ThreadPool::kChunksPerThread);
+  std::atomic<int> on_worker{0};
+  const std::thread::id caller = std::this_thread::get_id();
+  for (int round = 0; round < 200 && on_worker.load() == 0; ++round) {
+    pool.ParallelFor(64, 1, [&](int64_t, int64_t) {
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if (std::this_thread::get_id() != caller) on_worker.fetch_add(1);
+    });
+  }
+  EXPECT_GT(on_worker.load(), 0) << "the worker never ran a chunk";
   // Positive twin: a range no larger than the grain runs as one chunk on the caller.
   chunks = 0;
   pool.ParallelFor(10, 16, [&](int64_t b, int64_t e) {
