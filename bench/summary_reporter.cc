@@ -45,14 +45,14 @@ void SummaryReporter::ReportRuns(const std::vector<Run>& runs) {
     // Adjusted times are in run.time_unit; the multiplier is units per second.
     row.ms_per_iter =
         run.GetAdjustedRealTime() / benchmark::GetTimeUnitMultiplier(run.time_unit) * 1e3;
-    if (!rows_.count(row.name)) order_.push_back(row.name);
     rows_[row.name] = row;
   }
 }
 
 std::vector<SummaryRow> SummaryReporter::Rows() const {
+  // Sorted by name: with random interleaving the order of first reports is random.
   std::vector<SummaryRow> out;
-  for (const std::string& name : order_) out.push_back(rows_.at(name));
+  for (const auto& [name, row] : rows_) out.push_back(row);
   return out;
 }
 

@@ -30,7 +30,7 @@ class SummaryReporter : public benchmark::ConsoleReporter {
 
   void ReportRuns(const std::vector<Run>& runs) override;
 
-  // Rows returns one row per benchmark in the order they were first reported.
+  // Rows returns one row per benchmark, sorted by name.
   std::vector<SummaryRow> Rows() const;
 
   // StreamReadGBps returns the median STREAM read bandwidth at `threads`, or 0 if not run.
@@ -43,7 +43,6 @@ class SummaryReporter : public benchmark::ConsoleReporter {
   std::string Json() const;
 
  private:
-  std::vector<std::string> order_;
   std::map<std::string, SummaryRow> rows_;
 };
 

@@ -22,18 +22,6 @@ absl::StatusOr<KvDtype> ParseKvDtype(const std::string& name) {
       absl::StrCat("unknown KV cache dtype '", name, "' (fp8_e4m3, bf16, fp32)"));
 }
 
-std::string KvDtypeName(KvDtype dtype) {
-  switch (dtype) {
-    case KvDtype::kFp8E4m3:
-      return "fp8_e4m3";
-    case KvDtype::kBf16:
-      return "bf16";
-    case KvDtype::kFp32:
-      return "fp32";
-  }
-  return "?";
-}
-
 absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(const ModelConfig& config,
                                                        const KvPoolOptions& options) {
   if (absl::Status s = config.Validate(); !s.ok()) return s;
@@ -46,9 +34,10 @@ absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(const ModelConfig& config
                             static_cast<size_t>(options.page_size) * config.head_dim * elem;
   const size_t pages = options.budget_bytes / page_bytes;
   if (pages < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KV cache budget of ", options.budget_bytes, " bytes does not hold one page of ",
-        page_bytes, " bytes (", options.page_size, " tokens of ", KvDtypeName(options.dtype), ")"));
+    return absl::InvalidArgumentError(absl::StrCat("KV cache budget of ", options.budget_bytes,
+                                                   " bytes does not hold one page of ", page_bytes,
+                                                   " bytes (", options.page_size, " tokens of ",
+                                                   kernels::KvDtypeName(options.dtype), ")"));
   }
   if (pages > (size_t{1} << 30)) {
     return absl::InvalidArgumentError("KV cache budget exceeds 2^30 pages");

@@ -34,7 +34,6 @@ struct KvPoolOptions {
 
 // ParseKvDtype maps "fp8_e4m3" | "bf16" | "fp32" to a KvDtype; InvalidArgument otherwise.
 absl::StatusOr<kernels::KvDtype> ParseKvDtype(const std::string& name);
-std::string KvDtypeName(kernels::KvDtype dtype);
 
 class KvPool {
  public:

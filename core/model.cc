@@ -28,20 +28,6 @@ absl::StatusOr<WeightFormat> ParseWeightFormat(const std::string& name) {
       absl::StrCat("unknown weight format '", name, "' (fp32, bf16, fp8, int4)"));
 }
 
-std::string WeightFormatName(WeightFormat format) {
-  switch (format) {
-    case WeightFormat::kFp32:
-      return "fp32";
-    case WeightFormat::kBf16:
-      return "bf16";
-    case WeightFormat::kFp8:
-      return "fp8";
-    case WeightFormat::kInt4:
-      return "int4";
-  }
-  return "?";
-}
-
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const WeightSource& source,
                                                    const ModelOptions& options,
                                                    kernels::ThreadPool* /*pool*/) {

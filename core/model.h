@@ -29,7 +29,6 @@ struct ModelOptions {
 
 // ParseWeightFormat maps "fp32" | "bf16" | "fp8" | "int4" to a format; InvalidArgument else.
 absl::StatusOr<kernels::WeightFormat> ParseWeightFormat(const std::string& name);
-std::string WeightFormatName(kernels::WeightFormat format);
 
 // The largest decode batch one step handles (the matmul kernels' batch limit).
 inline constexpr int kMaxDecodeBatch = 64;

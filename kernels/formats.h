@@ -148,6 +148,14 @@ enum class WeightFormat : uint8_t { kFp32, kBf16, kFp8, kInt4 };
 //   scales: FP16 [rows, cols / G]; scale = max |w| over the group / 7, rounded to FP16 first,
 //           then q = clamp(rne(w / scale), -8, 7). A group of zeros has scale 0 and q = 0.
 inline constexpr int kInt4ZeroPoint = 8;
+
+// WeightFormatName returns "fp32", "bf16", "fp8" or "int4".
+inline constexpr const char* WeightFormatName(WeightFormat f) {
+  return f == WeightFormat::kFp32   ? "fp32"
+         : f == WeightFormat::kBf16 ? "bf16"
+         : f == WeightFormat::kFp8  ? "fp8"
+                                    : "int4";
+}
 inline constexpr bool IsValidInt4Group(int g) { return g == 32 || g == 64 || g == 128; }
 
 // One 128-element INT4 group as stored: the unit the SIMD kernels consume.
@@ -197,6 +205,11 @@ inline size_t WeightBytes(const WeightView& w) {
 // (layer, kv head) for K and one for V, with the convention above.
 // ------------------------------------------------------------------------------------------
 enum class KvDtype : uint8_t { kFp32, kBf16, kFp8E4m3 };
+
+// KvDtypeName returns "fp32", "bf16" or "fp8_e4m3" (the names --kv-cache-dtype takes).
+inline constexpr const char* KvDtypeName(KvDtype t) {
+  return t == KvDtype::kFp32 ? "fp32" : t == KvDtype::kBf16 ? "bf16" : "fp8_e4m3";
+}
 
 inline constexpr size_t KvDtypeBytes(KvDtype t) {
   return t == KvDtype::kFp32 ? 4 : t == KvDtype::kBf16 ? 2 : 1;

@@ -124,8 +124,10 @@ int BenchUsage(const std::string& error) {
                "                               int4/fp8_e4m3,int4/bf16,fp8/fp8_e4m3)\n"
                "  --concurrency LIST           default 1,2,4,8,16,32,64\n"
                "  --context N                  tokens per request, prompt + output (default 512)\n"
-               "  --prompt-len N               default context / 2\n"
-               "  --requests-per-client N      requests each concurrent client runs (default 2)\n"
+               "  --prompt-len N               prompt tokens (default 32: on a 2-core CPU a long\n"
+               "                               prompt's prefill, not decode, bounds how many\n"
+               "                               requests run at once)\n"
+               "  --requests-per-client N      requests each concurrent client runs (default 1)\n"
                "  --out PREFIX                 write PREFIX.json, .md, .svg (default: none)\n"
                "  KV budget default: what holds 16 requests of --context tokens in BF16\n"
                "%s",
@@ -139,7 +141,7 @@ int RunBenchEngine(const std::vector<std::string>& argv) {
   core::RuntimeOptions options;
   std::string configs_text = "int4/fp8_e4m3,int4/bf16,fp8/fp8_e4m3";
   std::string concurrency_text = "1,2,4,8,16,32,64";
-  int context = 512, prompt_len = 0, per_client = 2;
+  int context = 512, prompt_len = 32, per_client = 1;
   std::string out;
   Args a(argv);
   while (!a.done()) {
@@ -164,7 +166,6 @@ int RunBenchEngine(const std::vector<std::string>& argv) {
     }
     if (!s.ok()) return BenchUsage(std::string(s.message()));
   }
-  if (prompt_len == 0) prompt_len = context / 2;
   if (prompt_len >= context) return BenchUsage("--prompt-len must be below --context");
   std::vector<Config> configs;
   for (absl::string_view item : absl::StrSplit(configs_text, ',')) {
@@ -296,7 +297,7 @@ int RunBenchEngine(const std::vector<std::string>& argv) {
   std::string md = absl::StrCat(
       "# Engine benchmark\n\n`kvguard bench ", absl::StrJoin(argv, " "), "`\n\n",
       BuildDescription(), "\nModel `", options.model, "` (", mc.ParameterCount() / 1000000,
-      "M parameters), prefill weights ", core::WeightFormatName(options.weights.prefill_weights),
+      "M parameters), prefill weights ", kernels::WeightFormatName(options.weights.prefill_weights),
       ", context ", context, " tokens per request (prompt ", prompt_len, "), ", per_client,
       " requests per concurrent client, decode threads ", options.engine.decode_threads,
       ".\nSTREAM read (2 threads) measured in this run: ", stream_before, " GB/s before, ",

@@ -84,10 +84,10 @@ int RunGenerate(const std::vector<std::string>& argv) {
                "model %s: %.1fM parameters, weights %s prefill / %s decode (%.0f MiB held), "
                "loaded in %.1f s\nKV cache %s: %d pages of %d tokens = %lld tokens in %.0f MiB\n",
                loaded->source->Description().c_str(), c.ParameterCount() / 1e6,
-               core::WeightFormatName(options.weights.prefill_weights).c_str(),
-               core::WeightFormatName(options.weights.decode_weights).c_str(),
+               kernels::WeightFormatName(options.weights.prefill_weights),
+               kernels::WeightFormatName(options.weights.decode_weights),
                loaded->model->WeightBytes() / 1048576.0, loaded->load_seconds,
-               core::KvDtypeName(pool.dtype()).c_str(), pool.num_pages(), pool.page_size(),
+               kernels::KvDtypeName(pool.dtype()), pool.num_pages(), pool.page_size(),
                static_cast<long long>(pool.capacity_tokens()),
                pool.num_pages() * static_cast<double>(pool.page_bytes()) / 1048576.0);
 

@@ -53,15 +53,21 @@ std::string Sanitizers() {
 }  // namespace
 
 std::string CpuModel() {
+  // The model name alone can be generic in VMs ("AMD EPYC"); family and model tell the
+  // microarchitecture (AMD family 25 model 17: Zen 4).
   std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      const size_t colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
-    }
+  std::string line, name = "unknown", family, model;
+  auto value = [&line] {
+    const size_t colon = line.find(':');
+    return colon == std::string::npos ? std::string()
+                                      : line.substr(line.find_first_not_of(' ', colon + 1));
+  };
+  while (std::getline(in, line) && line.find_first_not_of(" \t") != std::string::npos) {
+    if (line.rfind("model name", 0) == 0) name = value();
+    if (line.rfind("cpu family", 0) == 0) family = value();
+    if (line.rfind("model\t", 0) == 0 || line.rfind("model :", 0) == 0) model = value();
   }
-  return "unknown";
+  return family.empty() ? name : name + " (family " + family + ", model " + model + ")";
 }
 
 std::string BuildDescription() {

@@ -4,7 +4,10 @@
 // two cores: W is read once per call (batch > 1 reuses each block of W rows, from L1/L2, for every
 // column of x, kBatchTile columns per pass), decoding a weight costs a few integer ops, and at
 // small batches several rows share each load of x (x loads, not W's, would otherwise fill the
-// load ports).
+// load ports). The per-call preprocessing of x (FP8: scaling; INT4: quantisation) is done by every
+// thread into its own scratch, not once and shared: scratch written on one core and read on
+// another moves every line between cores on every call, which cost more (measured: ~10 us per
+// call at 2 threads) than preparing 4096 elements twice (~1 us).
 //
 // FP32, BF16, FP8: W is decoded to FP32 lanes and FMA'd with x, exactly as given (FP32
 // accumulation error only). FP8 decodes like Fp8E4m3ToFloat in formats.h: the 7 magnitude bits of
@@ -17,13 +20,14 @@
 // (QuantizeMatrix never produces it). Assumes denormals are not flushed (formats.h).
 //
 // INT4: integer dot products. x is quantised once per call, per weight group, to int8:
-//   s_b = max_{c in b} |x_c| / 127,  q_c = rne(x_c / s_b)   (FP32 division, then ties-to-even)
+//   s_b = max_{c in b} |x_c| / 127,  q_c = rne(x_c * fl(1 / s_b))   (FP32, ties-to-even)
 // so that sum_c (code_c - 8) * q_c is an exact int32 per group, converted to FP32 once per group
 // and FMA'd with (group scale * s_b). The AVX3_DL target uses VPDPBUSD (u8 codes 0..15 x s8 q) on
 // raw 64-byte loads of codes; the zero point is removed exactly, in int32, by starting each lane
 // from -8 * (sum of the q it multiplies). Other targets promote to int16 and subtract 8 first.
-// Error: x_c is replaced by q_c s_b with |x_c - q_c s_b| <= s_b (1/2 + 128 u), u = 2^-24 (the
-// division rounds before rne), so with w the dequantised weights
+// Error: x_c is replaced by q_c s_b with |x_c - q_c s_b| <= s_b (1/2 + 254 u), u = 2^-24 (the
+// reciprocal and the product each round, relative u, before rne, and |x_c / s_b| <= 127), so
+// with w the dequantised weights
 //   |y_kernel - y_exact| <= sum_b s_b (1/2 + 2^-16) sum_{c in b} |w_c|   (activation rounding)
 //                          + FP32 accumulation error on sum_c |w_c| (|x_c| + s_b).
 // A block with max |x| < 2^-100 is taken as zero (its FP32 scale would be imprecise): its error is
@@ -153,7 +157,7 @@ struct Fp8Weights {
   }
   // One widening to int16 serves two int32 results: an int32 lane holds an even code in its low
   // half and the next odd code in its high half, and a shift by 20 or by 4 (then the mask) moves
-  // either into place. A third fewer widening shuffles than two Loads.
+  // either into place: half the widening shuffles of two Loads.
   static void Load2(DF df, const T* HWY_RESTRICT p, VF& even, VF& odd) {
 #if HWY_TARGET == HWY_SCALAR
     even = Load(df, p);
@@ -371,22 +375,24 @@ void FpMatMul(const WeightView& w, const float* x, int batch, float* y, ThreadPo
   const T* data = static_cast<const T*>(w.data);
   const size_t cols = static_cast<size_t>(w.cols);
   const int64_t rows = w.rows;
-  const double* x_factor = nullptr;
-  if constexpr (kFp8) {
-    thread_local Scratch scratch;  // per calling thread, reused: no allocation once warm
-    scratch.x_scaled.resize(batch * cols);
-    scratch.x_factor.resize(batch);
-    ScaleForFp8(x, batch, cols, scratch.x_scaled.data(), scratch.x_factor.data());
-    x = scratch.x_scaled.data();
-    x_factor = scratch.x_factor.data();
-  }
   RunRows(pool, rows, [&](int64_t r0, int64_t r1) {
+    const float* xs = x;
+    const double* x_factor = nullptr;
+    if constexpr (kFp8) {
+      // Every thread scales x into its own scratch (see the file comment), reused across calls.
+      thread_local Scratch scratch;
+      scratch.x_scaled.resize(batch * cols);
+      scratch.x_factor.resize(batch);
+      ScaleForFp8(x, batch, cols, scratch.x_scaled.data(), scratch.x_factor.data());
+      xs = scratch.x_scaled.data();
+      x_factor = scratch.x_factor.data();
+    }
     ForEachTile(r0, r1, batch, [&](int64_t rb, int64_t re, int j0, auto nb) {
       constexpr int kNb = decltype(nb)::value;
       ForEachRowGroup<kNb>(rb, re, [&](int64_t r, auto rows_tag) {
         constexpr int kR = decltype(rows_tag)::value;
         float sums[kR * kNb];
-        FpRows<kNb, kR, Weights>(data + r * cols, cols, x + j0 * cols, cols, sums);
+        FpRows<kNb, kR, Weights>(data + r * cols, cols, xs + j0 * cols, cols, sums);
 #pragma GCC unroll 16
         for (int i = 0; i < kR; ++i) {
 #pragma GCC unroll 16
@@ -646,12 +652,13 @@ void QuantizeColumn(const float* HWY_RESTRICT x, int cols, XChunk* HWY_RESTRICT 
       s = 0.0f;
     }
     group_scale[g] = s;
+    const float inv = s > 0.0f ? 1.0f / s : 0.0f;
     XChunk& chunk = chunks[g / kGroupsPerChunk];
     const int offset = (g % kGroupsPerChunk) * (G / 2);
     for (int i = 0; i < G; i += kLanes) {
       int8_t* dst = (i < G / 2 ? chunk.lo : chunk.hi) + offset + i % (G / 2);
       if (s > 0.0f) {
-        const auto q = hn::NearestInt(hn::Div(hn::LoadU(df, xg + i), hn::Set(df, s)));
+        const auto q = hn::NearestInt(hn::Mul(hn::LoadU(df, xg + i), hn::Set(df, inv)));
         hn::StoreU(hn::DemoteTo(d8, q), d8, dst);
       } else {
         hn::StoreU(hn::Zero(d8), d8, dst);
@@ -667,32 +674,20 @@ void Int4MatMul(const WeightView& w, const float* x, int batch, float* y, Thread
   const int64_t rows = w.rows;
   const int chunk_count = (cols + 127) / 128;
   const int group_count = cols / G;
-  thread_local Scratch xq;  // per calling thread, reused: no allocation once warm
-  if (xq.chunks.size() < static_cast<size_t>(batch) * chunk_count) {
-    xq.chunks.resize(static_cast<size_t>(batch) * chunk_count);
-  }
-  if (xq.group_scale.size() < static_cast<size_t>(batch) * group_count) {
-    xq.group_scale.resize(static_cast<size_t>(batch) * group_count);
-  }
-  XChunk* chunks = xq.chunks.data();
-  float* group_scale = xq.group_scale.data();
-  auto quantize = [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      QuantizeColumn<G>(x + b * cols, cols, chunks + b * chunk_count,
-                        group_scale + b * group_count);
-    }
-  };
-  if (pool != nullptr && batch > 1) {
-    pool->ParallelFor(batch, 1, quantize);
-  } else {
-    quantize(0, batch);
-  }
-
   const uint8_t* codes = static_cast<const uint8_t*>(w.data);
   RunRows(pool, rows, [&](int64_t r0, int64_t r1) {
-    // Per thread (pool workers included), reused across calls.
+    // Every thread quantises x into its own scratch (see the file comment), reused across calls.
+    thread_local Scratch xq;
     thread_local std::vector<float> scratch;
+    xq.chunks.resize(static_cast<size_t>(batch) * chunk_count);
+    xq.group_scale.resize(static_cast<size_t>(batch) * group_count);
     scratch.resize(4 * CombinedStride(group_count));
+    const XChunk* chunks = xq.chunks.data();
+    const float* group_scale = xq.group_scale.data();
+    for (int b = 0; b < batch; ++b) {
+      QuantizeColumn<G>(x + b * cols, cols, xq.chunks.data() + b * chunk_count,
+                        xq.group_scale.data() + b * group_count);
+    }
     ForEachTile(r0, r1, batch, [&](int64_t rb, int64_t re, int j0, auto nb) {
       constexpr int kNb = decltype(nb)::value;
       const XChunk* xc[kNb];

@@ -99,6 +99,11 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
       done_.wait(d, std::memory_order_acquire);
     }
   }
+  // Close the job before any of its fields can change: a worker that read this job's cursor
+  // just before the last claim, and whose compare-exchange is still to come, must fail it even
+  // if it then reads the next job's chunk count (it would otherwise claim a phantom chunk and
+  // count it in the next job's done_).
+  cursor_.store(((epoch & 0xFFFFFFFFu) << 32) | 0xFFFFFFFFu, std::memory_order_release);
   fn_ = nullptr;
 }
 

@@ -51,12 +51,12 @@ class ThreadPool {
   // release store); read by a worker only after it has claimed a chunk of that job.
   const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
   int64_t n_ = 0;
-  int64_t chunk_span_ = 0;              // elements per chunk (a multiple of grain)
-  std::atomic<int64_t> chunks_{0};      // chunks in the current job
-  std::atomic<uint64_t> cursor_{0};     // (epoch << 32) | next unclaimed chunk
-  std::atomic<int64_t> done_{0};        // chunks of the current job finished
+  int64_t chunk_span_ = 0;               // elements per chunk (a multiple of grain)
+  std::atomic<int64_t> chunks_{0};       // chunks in the current job
+  std::atomic<uint64_t> cursor_{0};      // (epoch << 32) | next unclaimed chunk
+  std::atomic<int64_t> done_{0};         // chunks of the current job finished
   std::atomic<uint64_t> generation_{0};  // epoch of the latest job; workers wake on change
-  uint64_t epoch_ = 0;                  // caller-side job counter
+  uint64_t epoch_ = 0;                   // caller-side job counter
   std::atomic<bool> stop_{false};
 };
 

@@ -90,7 +90,7 @@ TEST(KvPoolTest, WrittenTokenIsWhatAttentionReads) {
       for (int d = 0; d < c.head_dim; ++d) {
         const float want = v[kvh * c.head_dim + d];
         EXPECT_NEAR(out[h * c.head_dim + d], want, rel * std::fabs(want) + 1e-6)
-            << KvDtypeName(dtype) << " head " << h << " dim " << d;
+            << kernels::KvDtypeName(dtype) << " head " << h << " dim " << d;
       }
     }
     pool->ScrubPage(pages[1]);

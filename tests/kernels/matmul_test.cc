@@ -25,12 +25,12 @@ constexpr double kU = 0x1p-24;  // FP32 unit roundoff
 // Error budgets (|y - y_ref| <= budget, per output):
 //
 // FpAccumulationBudget: FP32 accumulation. Every kernel keeps >= 16 independent partial sums
-// per output (lanes x accumulators; INT4: one term per group), so each partial sum chains at
-// most cols/16 rounded FMAs; combining them adds <= 8 levels (accumulators, then lanes), the
-// row scale (FP8) or group scale product (INT4) 2 more, and the reference's own rounding to
-// FP32 (and FP8's FP32 dequantised weights) 2 more. The classical bound
-// |fl(sum) - sum| <= n u sum |terms| with n = cols/16 + 32 covers all of it; for cols = 4096
-// that is 1.7e-5 of sum |w x|.
+// per output (lanes x accumulators; INT4: one term per 128-element chunk or group), so each
+// partial sum chains at most cols/16 + 9 rounded FMAs (remainder steps included); combining
+// them adds <= 8 levels (accumulators, then lanes), the row scale (FP8) or group scale product
+// (INT4) 2 more, and the reference's own rounding to FP32 (and FP8's FP32 dequantised weights)
+// 2 more. The classical bound |fl(sum) - sum| <= n u sum |terms| with n = cols/16 + 32 covers
+// all of it; for cols = 4096 that is 1.7e-5 of sum |w x|.
 double FpAccumulationBudget(int cols) { return (cols / 16 + 32) * kU; }
 
 // DenormalFloor: below 2^-126 FP32 rounds to an absolute quantum, 2^-149, not a relative one, so

@@ -4,8 +4,8 @@
 
 #include <atomic>
 #include <chrono>
-#include <thread>
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 namespace kvguard::kernels {
@@ -70,6 +70,26 @@ TEST(ThreadPoolTest, BackToBackCallsPublishResults) {
       for (int64_t i = b; i < e; ++i) out[static_cast<size_t>(i)] = i * round;
     });
     for (int64_t i = 0; i < 256; i += 37) ASSERT_EQ(out[static_cast<size_t>(i)], i * round);
+  }
+}
+
+// Regression: consecutive jobs with a growing chunk count. A worker still holding the previous
+// job's exhausted cursor once claimed a phantom chunk against the next job's (larger) count,
+// ran it and counted it in the next job, which then never saw done == chunks and hung.
+TEST(ThreadPoolTest, JobsOfChangingSizeNeitherLoseNorRepeatWork) {
+  for (int threads : {2, 3}) {
+    ThreadPool pool(threads);
+    std::vector<std::atomic<int>> hits(64 * 16);
+    for (int round = 0; round < 20000; ++round) {
+      const int64_t n = 16 * (1 + (round * 7) % 64);  // 1..64 grains: chunk counts vary
+      for (int64_t i = 0; i < n; ++i) hits[static_cast<size_t>(i)].store(0);
+      pool.ParallelFor(n, 16, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)].fetch_add(1);
+      });
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1) << "round " << round << " i " << i;
+      }
+    }
   }
 }
 
