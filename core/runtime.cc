@@ -60,6 +60,13 @@ absl::StatusOr<size_t> ParseBytes(const std::string& text) {
 
 size_t PeakRssBytes() { return ProcKiB("/proc/self/status", "VmHWM"); }
 
+bool ResetPeakRss() {
+  std::ofstream out("/proc/self/clear_refs");
+  out << "5";
+  out.close();
+  return static_cast<bool>(out);
+}
+
 absl::StatusOr<size_t> KvBudgetBytes(const RuntimeOptions& o) {
   if (o.kv_cache_bytes > 0) return o.kv_cache_bytes;
   if (!(o.kv_cache_fraction > 0 && o.kv_cache_fraction <= 0.9)) {

@@ -58,6 +58,10 @@ absl::StatusOr<size_t> ParseBytes(const std::string& text);
 // PeakRssBytes returns the process's peak resident set (VmHWM), or 0 if unknown.
 size_t PeakRssBytes();
 
+// ResetPeakRss restarts the VmHWM count (Linux: "5" to /proc/self/clear_refs), so a benchmark
+// can exclude what it allocated before (such as the STREAM array); false if unsupported.
+bool ResetPeakRss();
+
 }  // namespace kvguard::core
 
 #endif  // KVGUARD_CORE_RUNTIME_H_
