@@ -31,21 +31,7 @@ using kernels::WeightView;
 constexpr size_t kMinTotalBytes = size_t{512} << 20;
 constexpr int kInt4Group = 128;
 
-const char* FormatName(WeightFormat f) {
-  switch (f) {
-    case WeightFormat::kFp32:
-      return "fp32";
-    case WeightFormat::kBf16:
-      return "bf16";
-    case WeightFormat::kFp8:
-      return "fp8";
-    case WeightFormat::kInt4:
-      return "int4";
-  }
-  return "?";
-}
-
-// Master returns one quantised matrix per (format, shape), made once from N(0, 1) weights.
+// Master returns one quantised matrix per (format, shape), made once from N(0, 0.02^2) weights.
 const QuantizedMatrix& Master(WeightFormat format, int rows, int cols) {
   static std::map<std::tuple<WeightFormat, int, int>, QuantizedMatrix> masters;
   auto it = masters.find({format, rows, cols});
@@ -127,7 +113,7 @@ const bool kRegistered = [] {
     for (const auto& [rows, cols] : shapes) {
       for (int batch : {1, 8}) {
         for (int threads : {1, 2}) {
-          const std::string name = std::string("BM_MatMul/") + FormatName(f) + "/" +
+          const std::string name = std::string("BM_MatMul/") + kernels::WeightFormatName(f) + "/" +
                                    std::to_string(rows) + "x" + std::to_string(cols) +
                                    "/batch:" + std::to_string(batch) +
                                    "/threads:" + std::to_string(threads);

@@ -58,20 +58,6 @@ const Shape kInt4Shapes[] = {{1, 4096, 128}, {13, 96, 32},  {257, 32, 32}, {16, 
 const Shape kFloatShapes[] = {{1, 4096, 0}, {13, 96, 0}, {257, 32, 0}, {16, 160, 0},
                               {17, 37, 0},  {3, 1, 0},   {5, 23, 0}};
 
-const char* FormatName(WeightFormat f) {
-  switch (f) {
-    case WeightFormat::kFp32:
-      return "fp32";
-    case WeightFormat::kBf16:
-      return "bf16";
-    case WeightFormat::kFp8:
-      return "fp8";
-    case WeightFormat::kInt4:
-      return "int4";
-  }
-  return "?";
-}
-
 std::vector<float> RandomWeights(int rows, int cols, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -138,7 +124,7 @@ class MatMulTest : public ::testing::Test {
   // and compares each output with ref::MatMul on the dequantised weights within its budget.
   void Check(const std::vector<float>& wf, const Shape& shape, WeightFormat format,
              const std::vector<float>& x, int batch) {
-    SCOPED_TRACE(std::string(FormatName(format)) + " " + std::to_string(shape.rows) + "x" +
+    SCOPED_TRACE(std::string(WeightFormatName(format)) + " " + std::to_string(shape.rows) + "x" +
                  std::to_string(shape.cols) + " group " + std::to_string(shape.group) + " batch " +
                  std::to_string(batch));
     const QuantizedMatrix q =
@@ -267,7 +253,7 @@ TEST_F(MatMulTest, ZeroWeightsGiveExactZeros) {
   const std::vector<float> x = RandomActivations(3, cols, 9);
   for (WeightFormat f :
        {WeightFormat::kFp32, WeightFormat::kBf16, WeightFormat::kFp8, WeightFormat::kInt4}) {
-    SCOPED_TRACE(FormatName(f));
+    SCOPED_TRACE(WeightFormatName(f));
     const QuantizedMatrix q = QuantizeMatrix(w.data(), rows, cols, f, 64);
     for (int64_t target : targets_) {
       SCOPED_TRACE(TargetName(target));
@@ -337,7 +323,7 @@ TEST_F(MatMulTest, ReferenceOnQuantisedViewMatchesDequantised) {
   const std::vector<float> x = RandomActivations(2, shape.cols, 16);
   for (WeightFormat f :
        {WeightFormat::kFp32, WeightFormat::kBf16, WeightFormat::kFp8, WeightFormat::kInt4}) {
-    SCOPED_TRACE(FormatName(f));
+    SCOPED_TRACE(WeightFormatName(f));
     const QuantizedMatrix q = QuantizeMatrix(w.data(), shape.rows, shape.cols, f, shape.group);
     const std::vector<float> deq = DequantizeMatrix(q.view());
     WeightView dv;
