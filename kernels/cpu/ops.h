@@ -20,11 +20,12 @@ void Rope(float* x, int num_heads, int head_dim, int pos, float theta);
 // SiluMul writes out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)). out may alias.
 void SiluMul(const float* gate, const float* up, size_t n, float* out);
 
-// Softmax replaces x[0..n) by its softmax (max-subtracted). n >= 1.
+// Softmax replaces x[0..n) by its softmax (max-subtracted). n >= 1. With a NaN in x the
+// result is unspecified (callers that may see NaN logits, like the sampler, clean them first).
 void Softmax(float* x, size_t n);
 
-// Argmax returns the index of the largest x[i] (the first one on ties; NaN never wins).
-// n >= 1.
+// Argmax returns the index of the largest x[i] (the first one on ties; NaN never wins; 0
+// when every element is NaN). n >= 1.
 size_t Argmax(const float* x, size_t n);
 
 namespace ref {
