@@ -39,8 +39,9 @@ double FpAccumulationBudget(int cols) { return (cols / 16 + 32) * kU; }
 double DenormalFloor(int cols) { return (cols + 32) * 0x1p-150; }
 
 // kActivationRounding: INT4 replaces x_c by q_c s_b with s_b = max_b |x| / 127 and
-// q_c = rne(fl(x_c / s_b)); the division's rounding adds at most 127 u to |x_c / s_b| before
-// rne, so |x_c - q_c s_b| <= s_b (1/2 + 128 u) <= s_b (1/2 + 2^-16).
+// q_c = rne(fl(x_c * fl(1 / s_b))); the reciprocal's and the product's roundings add at most
+// 127 (2u + u^2) to |x_c / s_b| <= 127 before rne, so |x_c - q_c s_b| <= s_b (1/2 + 254.1 u)
+// <= s_b (1/2 + 2^-16).
 constexpr double kActivationRounding = 0.5 + 0x1p-16;
 constexpr float kXFlushBelow = 0x1p-100f;  // blocks below this max |x| are taken as zero
 
