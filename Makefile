@@ -28,8 +28,10 @@ run: build
 	  --configs int4/fp8_e4m3,int4/bf16 --requests-per-client 1
 
 # Every test: the default preset's suite, the same suite under ASan + UBSan, then the
-# multi-threaded suites (thread pool, engine) under ThreadSanitizer.
-TSAN_TESTS = thread_pool_test engine_test
+# multi-threaded suites (thread pool, engine, isolation) under ThreadSanitizer.
+TSAN_TESTS = thread_pool_test engine_test engine_isolation_test ownership_table_test \
+	isolation_stress_test tag_key_test
+TSAN_SUITES = ThreadPoolTest|EngineTest|EngineIsolationTest|OwnershipTableTest|IsolationStressTest|TagKeyTest
 test: test-default test-asan test-tsan
 
 test-default: build
@@ -43,13 +45,15 @@ build-tsan: setup
 	cmake --build --preset tsan -j $(JOBS) --target $(TSAN_TESTS)
 
 test-tsan: build-tsan
-	ctest --preset tsan -j $(JOBS) -R '^(ThreadPoolTest|EngineTest)\.'
+	ctest --preset tsan -j $(JOBS) -R '^($(TSAN_SUITES))\.'
 
 # The recorded benchmark runs (bench/results/): kernels, the serving experiment, quality.
 bench: build
 	$(KVGUARD) bench kernels --markdown bench/results/kernels.md --json bench/results/kernels.json
 	$(KVGUARD) bench --out bench/results/engine
 	$(KVGUARD) eval --out bench/results/eval
+	$(KVGUARD) bench --isolation off,enforce,strict --model small --concurrency 1,16,64 \
+	  --out bench/results/isolation
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cc' '*.cu')

@@ -31,6 +31,8 @@ std::string FinishReasonName(FinishReason reason) {
       return "cancelled";
     case FinishReason::kError:
       return "error";
+    case FinishReason::kAborted:
+      return "aborted";
   }
   return "?";
 }
@@ -48,6 +50,7 @@ struct Engine::Request {
 
   RequestId id;
   GenerationRequest req;
+  isolation::Owner owner;   // session = id
   std::vector<int> tokens;  // the whole sequence: prompt, then every generated token
   int prompt_len;
   int generated = 0;
@@ -59,6 +62,7 @@ struct Engine::Request {
   State state = State::kWaiting;
   bool cancelled = false;
   bool admitted_once = false;
+  bool check_tags = false;  // this step: the tenant's mode is not off
   Clock::time_point submitted = Clock::now();
   Clock::time_point last_token;
   GenerationResult result;
@@ -92,15 +96,20 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Model> mo
       return s;
     }
   }
-  return std::unique_ptr<Engine>(
-      new Engine(std::move(model), std::move(tokenizer), std::move(pool), options));
+  absl::StatusOr<std::unique_ptr<isolation::Guard>> guard =
+      isolation::Guard::Create(options.isolation, &pool->table(), pool->tag_keys());
+  if (!guard.ok()) return guard.status();
+  return std::unique_ptr<Engine>(new Engine(std::move(model), std::move(tokenizer), std::move(pool),
+                                            std::move(*guard), options));
 }
 
 Engine::Engine(std::shared_ptr<Model> model, std::shared_ptr<const Tokenizer> tokenizer,
-               std::unique_ptr<KvPool> pool, const EngineOptions& options)
+               std::unique_ptr<KvPool> pool, std::unique_ptr<isolation::Guard> guard,
+               const EngineOptions& options)
     : model_(std::move(model)),
       tokenizer_(std::move(tokenizer)),
       pool_(std::move(pool)),
+      guard_(std::move(guard)),
       options_(options),
       prefill_pool_(options.prefill_threads),
       decode_pool_(options.decode_threads) {
@@ -144,6 +153,9 @@ absl::StatusOr<RequestId> Engine::Submit(GenerationRequest request) {
   }
   if (absl::Status s = request.sampling.Validate(); !s.ok()) return s;
   if (absl::Status s = StopMatcher::Validate(request.stop); !s.ok()) return s;
+  absl::StatusOr<isolation::TenantId> tenant = guard_->ResolveTenant(request.tenant);
+  if (!tenant.ok()) return tenant.status();
+  if (absl::Status s = guard_->Admit(*tenant); !s.ok()) return s;
   const int P = pool_->page_size();
   const int need = (n + P - 1) / P + options_.reserve_pages;
   if (need > pool_->num_pages()) {
@@ -155,6 +167,7 @@ absl::StatusOr<RequestId> Engine::Submit(GenerationRequest request) {
   if (stopping_) return absl::UnavailableError("engine is shutting down");
   const RequestId id = next_id_++;
   auto r = std::make_unique<Request>(id, std::move(request));
+  r->owner = isolation::Owner{*tenant, id};
   r->result.id = id;
   waiting_.push_back(r.get());
   requests_[id] = std::move(r);
@@ -194,22 +207,49 @@ EngineStats Engine::stats() const {
   s.queued = static_cast<int>(waiting_.size());
   s.prefilling = prefilling_;
   s.running = static_cast<int>(running_.size() + handed_over_.size());
-  s.free_pages = pool_->allocator().free_pages();
+  s.free_pages = pool_->table().free_pages();
   return s;
 }
 
 void Engine::ReleasePagesLocked(Request* r) {
-  for (const PageGrant& g : r->pages) {
-    const absl::Status s = pool_->allocator().Release(r->id, g);
-    ABSL_RAW_CHECK(s.ok(), "engine released a page it does not hold");
+  const bool scrub = guard_->mode(r->owner.tenant) == isolation::Mode::kStrict;
+  int passes = 1;
+#if KVGUARD_FAULT_INJECTION
+  if (faults_.double_release == r->id) passes = 2;
+#endif
+  for (int pass = 0; pass < passes; ++pass) {
+    for (const PageGrant& g : r->pages) {
+      std::optional<isolation::Violation> v = pool_->table().Release(r->owner, g, scrub);
+      // A refused release frees nothing. After an abort, refusals are the reported
+      // violation's consequences (its pages went stale), not news for the auditor.
+      if (v && r->result.reason != FinishReason::kAborted) guard_->Report(*v, r->id);
+    }
   }
   r->pages.clear();
   r->kv_len = 0;
 }
 
+void Engine::AbortLocked(Request* r, const isolation::Violation& v) {
+  guard_->Report(v, r->id);
+  r->result.violation = v;
+  r->result.reason = FinishReason::kAborted;  // before the release: see ReleasePagesLocked
+  ++stats_.aborted;
+  FinishLocked(r, FinishReason::kAborted,
+               absl::PermissionDeniedError(absl::StrCat("isolation violation, request aborted: ",
+                                                        isolation::DescribeViolation(v))));
+}
+
+#if KVGUARD_FAULT_INJECTION
+void Engine::set_faults(const EngineFaults& faults) {
+  std::unique_lock<std::mutex> lock(mu_);
+  faults_ = faults;
+}
+#endif
+
 void Engine::FinishLocked(Request* r, FinishReason reason, absl::Status status) {
   ReleasePagesLocked(r);
-  if (reason != FinishReason::kStop && reason != FinishReason::kError) {
+  if (reason != FinishReason::kStop && reason != FinishReason::kError &&
+      reason != FinishReason::kAborted) {
     // Whatever text was held back (an incomplete UTF-8 tail, a possible stop prefix) is final.
     std::string tail = r->stop.Feed(r->utf8.Flush()).emit;
     tail += r->stop.Flush();
@@ -259,11 +299,11 @@ bool Engine::AcceptTokenLocked(Request* r, int token) {
 }
 
 void Engine::CheckAccountingLocked() {
-  const absl::Status s = pool_->allocator().CheckAccounting();
+  const absl::Status s = pool_->table().CheckAccounting();
   if (!s.ok()) ABSL_RAW_LOG(FATAL, "%s", std::string(s.message()).c_str());
   int held = 0;
   for (const auto& [id, r] : requests_) held += static_cast<int>(r->pages.size());
-  ABSL_RAW_CHECK(held == pool_->allocator().used_pages(),
+  ABSL_RAW_CHECK(held == pool_->table().used_pages(),
                  "pages held by requests != pages in use in the pool");
 }
 
@@ -274,6 +314,7 @@ void Engine::PrefillLoop() {
   for (;;) {
     Request* r = nullptr;
     int n = 0;
+    isolation::Mode mode = isolation::Mode::kEnforce;
     {
       std::unique_lock<std::mutex> lock(mu_);
       // Admit the oldest waiting request once the pool holds its pages plus the reserve
@@ -284,7 +325,7 @@ void Engine::PrefillLoop() {
         const int in_flight = prefilling_ + static_cast<int>(running_.size() + handed_over_.size());
         if (in_flight >= options_.max_batch) return false;
         const int len = waiting_.front()->PrefillLength();
-        return pool_->allocator().free_pages() >= (len + P - 1) / P + options_.reserve_pages;
+        return pool_->table().free_pages() >= (len + P - 1) / P + options_.reserve_pages;
       };
       cv_.wait(lock, ready);
       if (stopping_) return;
@@ -296,8 +337,9 @@ void Engine::PrefillLoop() {
                      absl::ResourceExhaustedError("sequence outgrew the whole KV pool"));
         continue;
       }
-      const absl::Status granted = pool_->allocator().GrantMany(r->id, (n + P - 1) / P, &r->pages);
+      const absl::Status granted = pool_->table().GrantMany(r->owner, (n + P - 1) / P, &r->pages);
       ABSL_RAW_CHECK(granted.ok(), "admission check and grant disagree");
+      mode = guard_->mode(r->owner.tenant);
       r->state = Request::State::kPrefilling;
       ++prefilling_;
       if (!r->admitted_once) {
@@ -306,11 +348,40 @@ void Engine::PrefillLoop() {
       }
     }
     // The model runs without the engine lock: only this thread touches r's pages meanwhile.
-    const absl::Status status = model_->Prefill(std::span<const int>(r->tokens.data(), size_t(n)),
-                                                r->pages, *pool_, logits.data(), &prefill_pool_);
+    // The step pins an epoch and verifies the fresh page table before writing into it.
+    isolation::OwnershipTable::StepPin pin = pool_->table().PinStep();
+    std::optional<isolation::Violation> violation = guard_->Verify(r->owner, r->pages, mode);
+    absl::Status status;
+    if (!violation) {
+      status = model_->Prefill(std::span<const int>(r->tokens.data(), size_t(n)), r->pages, *pool_,
+                               logits.data(), &prefill_pool_);
+    }
     std::unique_lock<std::mutex> lock(mu_);
     --prefilling_;
+#if KVGUARD_FAULT_INJECTION
+    if (faults_.cancel_in_prefill == r->id) r->cancelled = true;
+#endif
+    // Re-verify before the first token leaves (see DecodeLoop).
+    if (!violation && mode != isolation::Mode::kOff)
+      violation = pool_->table().Verify(r->owner, r->pages);
+    if (violation) {
+      AbortLocked(r, *violation);
+      continue;
+    }
     if (r->cancelled) {
+#if KVGUARD_FAULT_INJECTION
+      if (faults_.handover_cancelled) {
+        // The bug: the pages go back to the pool, yet the request still reaches decode
+        // with its old page table.
+        for (const PageGrant& g : r->pages) pool_->table().Release(r->owner, g, false);
+        r->cancelled = false;
+        r->kv_len = n;
+        r->state = Request::State::kHandedOver;
+        handed_over_.push_back(r);
+        cv_.notify_all();
+        continue;
+      }
+#endif
       FinishLocked(r, FinishReason::kCancelled, {});
       continue;
     }
@@ -337,6 +408,10 @@ void Engine::DecodeLoop() {
   std::vector<float> logits(static_cast<size_t>(kMaxDecodeBatch) * c.vocab_size);
   std::vector<Model::DecodeItem> items;
   std::vector<Request*> batch;
+  std::vector<int32_t> tag_faults;
+  std::vector<std::optional<isolation::Violation>> post_violations;
+  isolation::OwnershipTable::StepPin pin;
+  int64_t verify_ns = 0, verified = 0, pages_checked = 0;
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -367,7 +442,7 @@ void Engine::DecodeLoop() {
           ++i;
           continue;
         }
-        absl::StatusOr<PageGrant> g = pool_->allocator().Grant(r->id);
+        absl::StatusOr<PageGrant> g = pool_->table().Grant(r->owner);
         if (g.ok()) {
           r->pages.push_back(*g);
           ++i;
@@ -384,12 +459,52 @@ void Engine::DecodeLoop() {
         // If the victim was r itself the loop ends; otherwise r tries again.
       }
       if (running_.empty()) continue;
+      // Pin the step's epoch, then verify: a page released from here on is not granted again
+      // until the step ends, so what verification saw stays true for the kernels. Modes are
+      // read once here, so a mode change applies from the next step.
+      pin = pool_->table().PinStep();
+      const auto verify_start = Clock::now();
+      verified = pages_checked = 0;
+      for (size_t i = 0; i < running_.size();) {
+        Request* r = running_[i];
+        const isolation::Mode mode = guard_->mode(r->owner.tenant);
+        r->check_tags = mode != isolation::Mode::kOff;
+        if (r->check_tags) {
+          ++verified;
+          pages_checked += static_cast<int64_t>(r->pages.size());
+        }
+        if (std::optional<isolation::Violation> v = guard_->Verify(r->owner, r->pages, mode)) {
+          AbortLocked(r, *v);
+          running_.erase(running_.begin() + static_cast<ptrdiff_t>(i));
+        } else {
+          ++i;
+        }
+      }
+      verify_ns =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - verify_start).count();
+      if (running_.empty()) {
+        guard_->RecordStep(verify_ns, verified, pages_checked);
+        pin = {};
+        continue;
+      }
       stats_.max_running = std::max(stats_.max_running, static_cast<int>(running_.size()));
       batch = running_;
       items.clear();
-      for (Request* r : batch) {
-        items.push_back(Model::DecodeItem{r->tokens.back(), r->kv_len, r->pages});
+      tag_faults.assign(batch.size(), -1);
+      for (size_t b = 0; b < batch.size(); ++b) {
+        Request* r = batch[b];
+        items.push_back(Model::DecodeItem{r->tokens.back(), r->kv_len, r->pages, r->check_tags,
+                                          &tag_faults[b]});
       }
+#if KVGUARD_FAULT_INJECTION
+      for (Request* r : batch) {
+        if (r->id == faults_.release_during_step && !r->pages.empty()) {
+          // The bug: a page is released (as by a racing cancel path) after verification,
+          // while the step that reads it is in flight.
+          pool_->table().Release(r->owner, r->pages.front(), false);
+        }
+      }
+#endif
     }
     // The step runs without the engine lock. The batch's requests cannot finish or lose
     // pages meanwhile: only this thread finishes, preempts or grows running requests
@@ -397,11 +512,41 @@ void Engine::DecodeLoop() {
     const absl::Status status = model_->Decode(items, *pool_, logits.data(), &decode_pool_);
     std::unique_lock<std::mutex> lock(mu_);
     ++stats_.decode_steps;
+    // Re-verify before any result leaves: a grant that changed during the step (only a
+    // broken allocator can do that under the epoch rule) discards the step's token.
+    const auto post_start = Clock::now();
+    post_violations.assign(batch.size(), std::nullopt);
+    for (size_t b = 0; b < batch.size(); ++b) {
+      if (batch[b]->check_tags) {
+        post_violations[b] = pool_->table().Verify(batch[b]->owner, batch[b]->pages);
+      }
+    }
+    verify_ns +=
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - post_start).count();
+    guard_->RecordStep(verify_ns, verified, pages_checked);
     for (size_t b = 0; b < batch.size(); ++b) {
       Request* r = batch[b];
       bool done = false;
       if (!status.ok()) {
         FinishLocked(r, FinishReason::kError, status);
+        done = true;
+      } else if (tag_faults[b] >= 0) {
+        // The kernels' own check failed after verification passed: something released or
+        // rewrote the page mid-step. Nothing of the page was read or written.
+        // The table's view of the page fills in its current owner and generation.
+        const PageGrant& g = r->pages[static_cast<size_t>(tag_faults[b])];
+        isolation::Violation v = pool_->table()
+                                     .Verify(r->owner, std::span<const PageGrant>(&g, 1))
+                                     .value_or(isolation::Violation{});
+        v.kind = isolation::ViolationKind::kKernelTagMismatch;
+        v.requester = r->owner;
+        v.page_index = tag_faults[b];
+        v.page = g.page;
+        v.expected_generation = g.generation;
+        AbortLocked(r, v);
+        done = true;
+      } else if (post_violations[b]) {
+        AbortLocked(r, *post_violations[b]);
         done = true;
       } else {
         ++r->kv_len;
@@ -415,6 +560,7 @@ void Engine::DecodeLoop() {
       }
       if (done) running_.erase(std::find(running_.begin(), running_.end(), r));
     }
+    pin = {};  // the step is over: pages released during it may be reclaimed
     if (options_.check_accounting) CheckAccountingLocked();
   }
 }

@@ -8,8 +8,12 @@
 //     (up to max_batch), granting a new page whenever a request crosses a page boundary. When
 //     the pool runs dry it preempts the newest running request: its pages are released and
 //     it goes back to the front of the queue, to be recomputed from its tokens later.
-// Every page a request holds comes from, and goes back to, the pool's PageAllocator under
-// the request's own session id. Nothing here throws; bad requests are refused at Submit.
+// Every page a request holds comes from, and goes back to, the pool's ownership table
+// (isolation/), granted to Owner{tenant, session = request id}. Each step pins an epoch,
+// verifies every request's page table (unless its tenant's mode is off) and has the kernels
+// check tags; a request that fails is aborted alone (FinishReason::kAborted, with the
+// violation) and reported to the audit sink. Nothing here throws; bad requests are refused at
+// Submit.
 #ifndef KVGUARD_CORE_ENGINE_H_
 #define KVGUARD_CORE_ENGINE_H_
 
@@ -19,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,6 +34,7 @@
 #include "core/model.h"
 #include "core/sampler.h"
 #include "core/tokenizer.h"
+#include "isolation/guard.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace kvguard::core {
@@ -47,14 +53,30 @@ struct EngineOptions {
 #else
   bool check_accounting = true;
 #endif
+  isolation::GuardOptions isolation;  // tenants, modes, audit sink
 };
 
-enum class FinishReason { kLength, kStop, kEos, kCancelled, kError };
+#if KVGUARD_FAULT_INJECTION
+// EngineFaults make the scheduler misbehave the ways real engines have shipped (test and fuzz
+// builds only; table-level faults are isolation::TableFaults). Verification must catch each.
+struct EngineFaults {
+  uint64_t release_during_step = 0;  // this request's first page is released mid-step
+  uint64_t double_release = 0;       // this request's pages are released twice at finish
+  bool handover_cancelled = false;   // a request cancelled in prefill is released and still
+                                     // handed over to decode with its old page table
+  uint64_t cancel_in_prefill = 0;    // timing, not a bug: this request is cancelled while its
+                                     // prefill runs (deterministically)
+};
+#endif
+
+// kAborted: an isolation violation (GenerationResult::violation says which).
+enum class FinishReason { kLength, kStop, kEos, kCancelled, kError, kAborted };
 std::string FinishReasonName(FinishReason reason);
 
 struct GenerationRequest {
-  std::vector<int> prompt;  // token ids, BOS included if the model wants one
-  int max_tokens = 16;      // >= 1
+  std::string tenant = "default";  // a tenant of the isolation policy
+  std::vector<int> prompt;         // token ids, BOS included if the model wants one
+  int max_tokens = 16;             // >= 1
   SamplingParams sampling;
   std::vector<std::string> stop;  // stop sequences (text), OpenAI semantics
   bool stop_at_eos = true;
@@ -68,7 +90,8 @@ struct GenerationResult {
   std::vector<int> tokens;  // generated ids (the stop sequence's tokens included)
   std::string text;         // generated text, stop sequence removed
   FinishReason reason = FinishReason::kError;
-  absl::Status status;  // OK unless reason == kError
+  absl::Status status;                            // OK unless reason == kError or kAborted
+  std::optional<isolation::Violation> violation;  // kAborted: what verification found
   int preemptions = 0;
   double queue_seconds = 0;           // submit -> admitted (first admission)
   double first_token_seconds = 0;     // submit -> first token
@@ -76,7 +99,7 @@ struct GenerationResult {
 };
 
 struct EngineStats {
-  int64_t submitted = 0, finished = 0, preemptions = 0, decode_steps = 0;
+  int64_t submitted = 0, finished = 0, preemptions = 0, decode_steps = 0, aborted = 0;
   int queued = 0, prefilling = 0, running = 0;
   int max_running = 0;  // most requests decoding at once so far
   int free_pages = 0, total_pages = 0;
@@ -94,7 +117,9 @@ class Engine {
   // Submit queues a request. InvalidArgument (and nothing queued) for an empty prompt, a
   // prompt that leaves no room in the context, max_tokens < 1, bad sampling parameters or
   // stop sequences, a token outside the vocabulary; ResourceExhausted if the whole pool
-  // could never hold the prompt plus the reserve.
+  // could never hold the prompt plus the reserve; NotFound for an unknown tenant,
+  // PermissionDenied for a quarantined one, Unavailable for a strict one while the audit sink
+  // cannot record.
   absl::StatusOr<RequestId> Submit(GenerationRequest request);
 
   // Cancel finishes request `id` with kCancelled at the next opportunity (queued, during
@@ -107,17 +132,26 @@ class Engine {
   EngineStats stats() const;
   const Model& model() const { return *model_; }
   const KvPool& pool() const { return *pool_; }
+  // guard is the isolation layer: tenants and modes (SetMode), metrics, key rotation.
+  isolation::Guard& guard() { return *guard_; }
 
+#if KVGUARD_FAULT_INJECTION
+  void set_faults(const EngineFaults& faults);
+  KvPool& mutable_pool() { return *pool_; }
+#endif
  private:
   struct Request;
   Engine(std::shared_ptr<Model> model, std::shared_ptr<const Tokenizer> tokenizer,
-         std::unique_ptr<KvPool> pool, const EngineOptions& options);
+         std::unique_ptr<KvPool> pool, std::unique_ptr<isolation::Guard> guard,
+         const EngineOptions& options);
   void PrefillLoop();
   void DecodeLoop();
   // Finish records the outcome, releases pages and wakes waiters. Requires mu_.
   void FinishLocked(Request* r, FinishReason reason, absl::Status status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleasePagesLocked(Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Abort finishes `r` with kAborted after reporting `v`. Requires mu_.
+  void AbortLocked(Request* r, const isolation::Violation& v) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Accept appends sampled token `token` to `r`; returns true if r is now finished.
   bool AcceptTokenLocked(Request* r, int token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckAccountingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -125,6 +159,7 @@ class Engine {
   std::shared_ptr<Model> model_;
   std::shared_ptr<const Tokenizer> tokenizer_;
   std::unique_ptr<KvPool> pool_;
+  std::unique_ptr<isolation::Guard> guard_;
   EngineOptions options_;
   kernels::ThreadPool prefill_pool_;
   kernels::ThreadPool decode_pool_;
@@ -143,6 +178,9 @@ class Engine {
   std::vector<Request*> running_ ABSL_GUARDED_BY(mu_);      // decode worker's batch
   int prefilling_ ABSL_GUARDED_BY(mu_) = 0;
   EngineStats stats_ ABSL_GUARDED_BY(mu_);
+#if KVGUARD_FAULT_INJECTION
+  EngineFaults faults_ ABSL_GUARDED_BY(mu_);
+#endif
 
   std::thread prefill_thread_;
   std::thread decode_thread_;

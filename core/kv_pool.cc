@@ -49,10 +49,20 @@ absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(const ModelConfig& config
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot allocate ", bytes, " bytes for the KV cache"));
   }
+  KvPoolOptions opts = options;
+  if (opts.tag_keys == nullptr) {
+    absl::StatusOr<std::unique_ptr<isolation::TagKeyRing>> ring =
+        isolation::TagKeyRing::CreateEphemeral();
+    if (!ring.ok()) {
+      std::free(base);
+      return ring.status();
+    }
+    opts.tag_keys = std::move(*ring);
+  }
   madvise(base, bytes, MADV_HUGEPAGE);  // advisory: fewer TLB misses on the attention stream
   std::memset(base, 0, bytes);          // fault every page in now, not inside a decode step
-  return std::unique_ptr<KvPool>(new KvPool(config, options, page_bytes, static_cast<int>(pages),
-                                            static_cast<uint8_t*>(base)));
+  return std::unique_ptr<KvPool>(
+      new KvPool(config, opts, page_bytes, static_cast<int>(pages), static_cast<uint8_t*>(base)));
 }
 
 KvPool::KvPool(const ModelConfig& config, const KvPoolOptions& options, size_t page_bytes,
@@ -61,8 +71,10 @@ KvPool::KvPool(const ModelConfig& config, const KvPoolOptions& options, size_t p
       options_(options),
       page_bytes_(page_bytes),
       head_elems_(static_cast<size_t>(options.page_size) * config.head_dim),
-      allocator_(num_pages),
-      base_(base) {}
+      num_pages_(num_pages),
+      base_(base),
+      table_(std::make_unique<isolation::OwnershipTable>(
+          num_pages, options_.tag_keys.get(), [this](int32_t page) { ScrubPage(page); })) {}
 
 KvPool::~KvPool() { std::free(base_); }
 
@@ -94,6 +106,8 @@ kernels::PagedKvView KvPool::LayerView(int layer) const {
   view.k = base_ + layer * layer_elems * elem;
   view.v = base_ + (layer * layer_elems + config_.n_kv_heads * head_elems_) * elem;
   view.page_stride = static_cast<int64_t>(page_bytes_ / elem);
+  view.page_tags = table_->tags();
+  view.num_pages = num_pages();
   view.head_stride = static_cast<int64_t>(head_elems_);
   if (!k_scales_.empty()) {
     view.k_scale = &k_scales_[static_cast<size_t>(layer) * config_.n_kv_heads];
@@ -143,9 +157,9 @@ void KvPool::WriteToken(int layer, const PageGrant& grant, int slot, const float
   }
 }
 
-void KvPool::ScrubPage(const PageGrant& grant) {
-  ABSL_RAW_CHECK(grant.page >= 0 && grant.page < num_pages(), "ScrubPage: invalid grant");
-  std::memset(PageBase(grant.page), 0, page_bytes_);
+void KvPool::ScrubPage(int32_t page) {
+  ABSL_RAW_CHECK(page >= 0 && page < num_pages(), "ScrubPage: invalid page");
+  std::memset(PageBase(page), 0, page_bytes_);
 }
 
 }  // namespace kvguard::core

@@ -297,7 +297,10 @@ absl::Status Model::Decode(std::span<const DecodeItem> items, KvPool& pool, floa
         absl::StrCat("decode batch of ", B, " (must be 1..", kMaxDecodeBatch, ")"));
   }
   std::vector<int> tokens(B);
-  std::vector<std::vector<int32_t>> page_ids(B);  // physical ids, in token order
+  std::vector<std::vector<int32_t>> page_ids(B);           // physical ids, in token order
+  std::vector<std::vector<kernels::PageTag>> expected(B);  // their tags (check_tags only)
+  std::vector<int32_t> fault(B, -1);                       // first tag fault over all layers
+  std::vector<int32_t> layer_fault(B, -1);                 // the kernel's, per layer
   for (int b = 0; b < B; ++b) {
     const DecodeItem& it = items[b];
     if (it.token < 0 || it.token >= c.vocab_size) {
@@ -311,6 +314,16 @@ absl::Status Model::Decode(std::span<const DecodeItem> items, KvPool& pool, floa
     tokens[b] = it.token;
     page_ids[b].reserve(it.pages.size());
     for (const PageGrant& g : it.pages) page_ids[b].push_back(g.page);
+    if (it.check_tags) {
+      for (const PageGrant& g : it.pages) expected[b].push_back(g.tag);
+      // The page the new token goes into is checked before anything is written to it.
+      const int32_t last = it.pos / P;
+      const int32_t page = page_ids[b][static_cast<size_t>(last)];
+      if (page < 0 || page >= pool.num_pages() ||
+          kernels::LoadPageTag(pool.table().tags(), page) != it.pages[size_t(last)].tag) {
+        fault[b] = last;
+      }
+    }
   }
   const int hd = c.head_dim, kv_dim = c.kv_dim(), q_dim = c.q_dim();
   Scratch s(c, B);
@@ -321,6 +334,10 @@ absl::Status Model::Decode(std::span<const DecodeItem> items, KvPool& pool, floa
     queries[b].page_table = page_ids[b].data();
     queries[b].length = items[b].pos + 1;
     queries[b].out = &s.att[size_t(b) * q_dim];
+    if (items[b].check_tags) {
+      queries[b].expected_tags = expected[b].data();
+      queries[b].tag_fault = &layer_fault[b];
+    }
   }
   const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd));
 
@@ -338,11 +355,15 @@ absl::Status Model::Decode(std::span<const DecodeItem> items, KvPool& pool, floa
       float* kt = &s.k[size_t(b) * kv_dim];
       kernels::Rope(&s.q[size_t(b) * q_dim], c.n_heads, hd, pos, c.rope_theta);
       kernels::Rope(kt, c.n_kv_heads, hd, pos, c.rope_theta);
+      if (fault[b] >= 0) continue;  // never write into a page that is not this item's
       pool.WriteToken(l, items[b].pages[static_cast<size_t>(pos / P)], pos % P, kt,
                       &s.v[size_t(b) * kv_dim]);
     }
     kernels::PagedDecodeAttention(pool.LayerView(l), c.n_heads, softmax_scale, queries.data(), B,
                                   tp);
+    for (int b = 0; b < B; ++b) {
+      if (fault[b] < 0 && layer_fault[b] >= 0) fault[b] = layer_fault[b];
+    }
     kernels::MatMul(L.wo[kDecode]->view(), s.att.data(), B, s.proj.data(), tp);
     for (size_t i = 0; i < s.x.size(); ++i) s.x[i] += s.proj[i];
     for (int b = 0; b < B; ++b) {
@@ -360,6 +381,9 @@ absl::Status Model::Decode(std::span<const DecodeItem> items, KvPool& pool, floa
                      &s.xb[size_t(b) * c.dim]);
   }
   kernels::MatMul(output_[kDecode]->view(), s.xb.data(), B, logits, tp);
+  for (int b = 0; b < B; ++b) {
+    if (items[b].tag_fault != nullptr) *items[b].tag_fault = fault[b];
+  }
   return absl::OkStatus();
 }
 
@@ -385,9 +409,10 @@ absl::Status Model::CalibrateKvScales(std::span<const std::vector<int>> prompts,
     if (p.empty()) continue;
     const std::span<const int> tokens(p.data(), std::min<size_t>(p.size(), size_t(longest)));
     std::vector<PageGrant> pages;
-    status = (*pool)->allocator().GrantMany(1, ((int)tokens.size() + 15) / 16, &pages);
+    const Owner calibration{0, 1};
+    status = (*pool)->table().GrantMany(calibration, ((int)tokens.size() + 15) / 16, &pages);
     if (status.ok()) status = Prefill(tokens, pages, **pool, logits.data(), tp);
-    for (const PageGrant& g : pages) (*pool)->allocator().Release(1, g).IgnoreError();
+    for (const PageGrant& g : pages) (*pool)->table().Release(calibration, g, false);
     if (!status.ok()) break;
   }
   calib_k_max_ = calib_v_max_ = nullptr;

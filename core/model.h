@@ -13,7 +13,6 @@
 #include "absl/status/statusor.h"
 #include "core/kv_pool.h"
 #include "core/model_config.h"
-#include "core/page_allocator.h"
 #include "core/weight_source.h"
 #include "kernels/cpu/quantize.h"
 #include "kernels/cpu/thread_pool.h"
@@ -70,6 +69,12 @@ class Model {
     int token = 0;
     int pos = 0;
     std::span<const PageGrant> pages;
+    // check_tags: the kernels check every page's tag against the grants' before reading it
+    // (isolation's defence in depth, after the verifier); *tag_fault receives -1 if all
+    // matched, else the index into `pages` of the first that did not (the item's K and V
+    // were then neither written nor read; its logits are meaningless).
+    bool check_tags = false;
+    int32_t* tag_fault = nullptr;
   };
 
   // Decode runs one token for each item (1 <= items.size() <= kMaxDecodeBatch), writes each

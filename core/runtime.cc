@@ -115,9 +115,35 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const Loaded& loaded,
   po.dtype = options.kv_dtype;
   po.page_size = options.page_size;
   po.budget_bytes = *budget;
+  if (!options.tag_key_file.empty()) {
+    absl::StatusOr<std::unique_ptr<isolation::TagKeyRing>> keys =
+        isolation::TagKeyRing::LoadOrCreate(options.tag_key_file);
+    if (!keys.ok()) return keys.status();
+    po.tag_keys = std::move(*keys);
+  }
+  EngineOptions eo = options.engine;
+  if (!options.tenants_file.empty()) {
+    absl::StatusOr<isolation::TenantPolicy> policy =
+        isolation::TenantPolicy::LoadFile(options.tenants_file);
+    if (!policy.ok()) return policy.status();
+    eo.isolation.policy = *std::move(policy);
+  }
+  if (options.isolation_mode) {
+    bool found = false;
+    for (isolation::TenantSettings& t : eo.isolation.policy.tenants) {
+      if (t.name == options.tenant) {
+        t.mode = *options.isolation_mode;
+        found = true;
+      }
+    }
+    if (!found) {
+      return absl::NotFoundError(
+          absl::StrCat("--isolation: no tenant '", options.tenant, "' in the tenant policy"));
+    }
+  }
   absl::StatusOr<std::unique_ptr<KvPool>> pool = KvPool::Create(loaded.model->config(), po);
   if (!pool.ok()) return pool.status();
-  return Engine::Create(loaded.model, loaded.tokenizer, *std::move(pool), options.engine);
+  return Engine::Create(loaded.model, loaded.tokenizer, *std::move(pool), eo);
 }
 
 }  // namespace kvguard::core

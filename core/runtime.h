@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,13 @@ struct RuntimeOptions {
   size_t kv_cache_bytes = 0;        // 0: kv_cache_fraction of available memory
   double kv_cache_fraction = 0.10;  // of MemAvailable, when kv_cache_bytes is 0
   EngineOptions engine;
+  // Isolation: the tag key file (LoadOrCreate; empty: an ephemeral key), the tenant config
+  // (empty: engine.isolation.policy as given), the tenant a command's requests run as, and,
+  // if set, the mode that tenant is switched to.
+  std::string tag_key_file;
+  std::string tenants_file;
+  std::string tenant = "default";
+  std::optional<isolation::Mode> isolation_mode;
 };
 
 // Loaded is a model with its tokenizer and FP8 KV scales, ready for any number of engines.
@@ -41,8 +49,10 @@ struct Loaded {
 // CalibrationPrompts(). Errors name the model and what failed.
 absl::StatusOr<Loaded> LoadModel(const RuntimeOptions& options);
 
-// MakeEngine builds a KV pool per `options` (kv_dtype, page_size, budget) for `loaded` and
-// starts an engine on it.
+// MakeEngine builds a KV pool per `options` (kv_dtype, page_size, budget, tag keys) for
+// `loaded` and starts an engine on it with the tenant policy (file, then isolation_mode for
+// `tenant`). Errors: the budget's, the key file's, the tenant file's (prefixed with the path),
+// NotFound when isolation_mode names a tenant the policy lacks.
 absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const Loaded& loaded,
                                                    const RuntimeOptions& options);
 

@@ -215,6 +215,24 @@ inline constexpr size_t KvDtypeBytes(KvDtype t) {
   return t == KvDtype::kFp32 ? 4 : t == KvDtype::kBf16 ? 2 : 1;
 }
 
+// ------------------------------------------------------------------------------------------
+// Page tags (the page-tag record): isolation/ derives them (keyed MAC over key id, page,
+// generation, tenant, session) and keeps the current tag of every physical page in one
+// array [num_pages] that kernels read. A free page's tag is all zero, which no derived tag
+// equals except with probability 2^-128.
+// ------------------------------------------------------------------------------------------
+struct PageTag {
+  uint64_t lo = 0;  // bytes 0..7 of the MAC output, loaded little-endian
+  uint64_t hi = 0;  // bytes 8..15
+  // Written out, not defaulted: the CUDA code that includes this header is C++17. Not
+  // constant time (isolation::TagsEqual is, for checks where timing could leak a tag).
+  KVG_HOST_DEVICE friend bool operator==(const PageTag& a, const PageTag& b) {
+    return a.lo == b.lo && a.hi == b.hi;
+  }
+  KVG_HOST_DEVICE friend bool operator!=(const PageTag& a, const PageTag& b) { return !(a == b); }
+};
+static_assert(sizeof(PageTag) == 16, "PageTag is the 16-byte page-tag record");
+
 // PagedKvView is a non-owning view of one layer of the paged cache. Element (page, head, ...)
 // of K lives at k + page * page_stride + head * head_stride + dim * page_size + token,
 // of V at v + page * page_stride + head * head_stride + token * head_dim + dim
@@ -230,6 +248,11 @@ struct PagedKvView {
   int64_t head_stride = 0;         // elements between kv heads within a page (>= P * head_dim)
   const float* k_scale = nullptr;  // [num_kv_heads], FP8 only
   const float* v_scale = nullptr;  // [num_kv_heads], FP8 only
+  // In-kernel tag check (defence in depth beneath isolation's verifier): when both are set,
+  // a query whose expected_tags are given has every page id checked against num_pages and
+  // every page's current tag against the expected one before any of its KV is loaded.
+  const PageTag* page_tags = nullptr;  // [num_pages] current tag of each physical page
+  int32_t num_pages = 0;               // physical pages in the pool
 };
 
 // DecodeQuery describes one request of a decode batch: one query token attending to the
@@ -239,7 +262,38 @@ struct DecodeQuery {
   const int32_t* page_table = nullptr;  // [ceil(length / P)] physical page ids, any order
   int length = 0;                       // tokens to attend to (causal: the token itself included)
   float* out = nullptr;                 // [num_heads, head_dim]
+  // Optional in-kernel tag check (see PagedKvView::page_tags): the tag each page must carry.
+  const PageTag* expected_tags = nullptr;  // [ceil(length / P)], parallel to page_table
+  // Set by the kernel when expected_tags is given: -1 if every page matched, else the index
+  // into page_table of the first page that did not (out is then zeroed, no KV was read).
+  int32_t* tag_fault = nullptr;
 };
+
+// LoadPageTag reads one tag that another thread may be rewriting (a release during a step
+// is exactly the fault the check exists for): two relaxed atomic loads, so a torn read is a
+// mismatch, never undefined behaviour. Host only.
+inline PageTag LoadPageTag(const PageTag* tags, int32_t page) {
+  PageTag t;
+  t.lo = __atomic_load_n(&tags[page].lo, __ATOMIC_RELAXED);
+  t.hi = __atomic_load_n(&tags[page].hi, __ATOMIC_RELAXED);
+  return t;
+}
+
+// FirstTagFault returns -1 when the query needs no check (no tags on either side) or every
+// page of it is inside the pool and carries its expected tag, else the index into page_table
+// of the first that is not. Not constant time: tags are compared after the verifier already
+// did (in constant time); a mismatch here aborts the request either way. Host only.
+inline int32_t FirstTagFault(const PagedKvView& kv, const DecodeQuery& q) {
+  if (kv.page_tags == nullptr || q.expected_tags == nullptr) return -1;
+  const int32_t pages = (q.length + kv.page_size - 1) / kv.page_size;
+  for (int32_t i = 0; i < pages; ++i) {
+    const int32_t page = q.page_table[i];
+    if (page < 0 || page >= kv.num_pages) return i;
+    const PageTag t = LoadPageTag(kv.page_tags, page);
+    if ((t.lo ^ q.expected_tags[i].lo) | (t.hi ^ q.expected_tags[i].hi)) return i;
+  }
+  return -1;
+}
 
 }  // namespace kvguard::kernels
 

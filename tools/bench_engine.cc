@@ -20,6 +20,7 @@
 #include "bench/bench_util.h"
 #include "core/runtime.h"
 #include "nlohmann/json.hpp"
+#include "tools/bench_load.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
 
@@ -49,24 +50,6 @@ struct Point {
   double stream_fraction = 0;
   int64_t capacity_tokens = 0;
 };
-
-double Percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5));
-  return v[i];
-}
-
-// A deterministic prompt of `len` byte tokens (after BOS), different per request.
-std::vector<int> Prompt(const core::Tokenizer& tok, int len, int salt) {
-  static const std::string text =
-      "The KV cache is the memory of a request: every token it has seen, as keys and values "
-      "for every layer. Serving many tenants means sharing one pool of pages among them. ";
-  std::string s;
-  for (int i = 0; static_cast<int>(s.size()) < len - 1; ++i)
-    s += text[(i + salt * 7) % text.size()];
-  return tok.Encode(s, /*add_bos=*/true);
-}
 
 std::string Svg(const std::vector<Point>& points, const std::vector<Config>& configs,
                 const std::string& title) {
@@ -140,9 +123,8 @@ int BenchUsage(const std::string& error) {
 int RunBenchEngine(const std::vector<std::string>& argv) {
   core::RuntimeOptions options;
   std::string configs_text = "int4/fp8_e4m3,int4/bf16,fp8/fp8_e4m3";
-  std::string concurrency_text = "1,2,4,8,16,32,64";
-  int context = 512, prompt_len = 32, per_client = 1;
-  std::string out;
+  LoadFlags load_flags;
+  load_flags.concurrency = {1, 2, 4, 8, 16, 32, 64};
   Args a(argv);
   while (!a.done()) {
     absl::Status s;
@@ -151,21 +133,16 @@ int RunBenchEngine(const std::vector<std::string>& argv) {
     } else if (ParseEngineFlag(a, &options, &s)) {
     } else if (a.Flag("--configs")) {
       s = a.Value(&configs_text);
-    } else if (a.Flag("--concurrency")) {
-      s = a.Value(&concurrency_text);
-    } else if (a.Flag("--context")) {
-      s = a.Int(&context, 2, 1 << 20);
-    } else if (a.Flag("--prompt-len")) {
-      s = a.Int(&prompt_len, 1, 1 << 20);
-    } else if (a.Flag("--requests-per-client")) {
-      s = a.Int(&per_client, 1, 1000);
-    } else if (a.Flag("--out")) {
-      s = a.Value(&out);
+    } else if (ParseLoadFlag(a, &load_flags, &s)) {
     } else {
       return BenchUsage("unknown argument '" + a.peek() + "'");
     }
     if (!s.ok()) return BenchUsage(std::string(s.message()));
   }
+  const int context = load_flags.context, prompt_len = load_flags.prompt_len;
+  const int per_client = load_flags.per_client;
+  const std::string& out = load_flags.out;
+  const std::vector<int>& concurrency = load_flags.concurrency;
   if (prompt_len >= context) return BenchUsage("--prompt-len must be below --context");
   std::vector<Config> configs;
   for (absl::string_view item : absl::StrSplit(configs_text, ',')) {
@@ -176,14 +153,6 @@ int RunBenchEngine(const std::vector<std::string>& argv) {
     if (!w.ok()) return BenchUsage(std::string(w.status().message()));
     if (!kv.ok()) return BenchUsage(std::string(kv.status().message()));
     configs.push_back({std::string(item), *w, *kv});
-  }
-  std::vector<int> concurrency;
-  for (absl::string_view item : absl::StrSplit(concurrency_text, ',')) {
-    int c = 0;
-    if (!absl::SimpleAtoi(item, &c) || c < 1 || c > 4096) {
-      return BenchUsage(absl::StrCat("bad concurrency '", item, "'"));
-    }
-    concurrency.push_back(c);
   }
 
   std::fprintf(stderr, "measuring STREAM read bandwidth (2 threads, 1 GiB, median of 5)...\n");
@@ -221,44 +190,16 @@ int RunBenchEngine(const std::vector<std::string>& argv) {
         return 1;
       }
       const int total = c * per_client;
-      std::vector<core::RequestId> in_flight;
-      std::vector<double> gaps;
-      int submitted = 0, finished = 0;
-      int64_t tokens = 0;
-      auto submit = [&]() -> bool {
-        core::GenerationRequest r;
-        r.prompt = Prompt(*loaded.tokenizer, prompt_len, submitted);
-        r.max_tokens = context - static_cast<int>(r.prompt.size());
-        r.stop_at_eos = false;
-        auto id = (*engine)->Submit(std::move(r));
-        if (!id.ok()) {
-          std::fprintf(stderr, "kvguard bench: %s\n", std::string(id.status().message()).c_str());
-          return false;
-        }
-        in_flight.push_back(*id);
-        ++submitted;
-        return true;
-      };
-      const auto start = Clock::now();
-      for (int i = 0; i < std::min(c, total); ++i) {
-        if (!submit()) return 1;
+      absl::StatusOr<LoadRun> load =
+          RunClosedLoop(**engine, *loaded.tokenizer, c, total, prompt_len, context, options.tenant);
+      if (!load.ok()) {
+        std::fprintf(stderr, "kvguard bench: %s\n", std::string(load.status().message()).c_str());
+        return 1;
       }
-      while (finished < total) {
-        const core::RequestId id = in_flight.front();
-        in_flight.erase(in_flight.begin());
-        auto res = (*engine)->Wait(id);
-        if (!res.ok() || res->reason == core::FinishReason::kError) {
-          std::fprintf(stderr, "kvguard bench: request failed: %s\n",
-                       std::string((res.ok() ? res->status : res.status()).message()).c_str());
-          return 1;
-        }
-        ++finished;
-        tokens += static_cast<int64_t>(res->tokens.size());
-        gaps.insert(gaps.end(), res->token_seconds.begin(), res->token_seconds.end());
-        if (submitted < total && !submit()) return 1;
-      }
-      const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-      const core::EngineStats st = (*engine)->stats();
+      const int64_t tokens = load->output_tokens;
+      const double seconds = load->seconds;
+      const std::vector<double>& gaps = load->gaps;
+      const core::EngineStats& st = load->stats;
       Point p;
       p.config = cfg.name;
       p.concurrency = c;

@@ -134,6 +134,15 @@ int RunBench(const std::vector<std::string>& args) {
   if (!args.empty() && args[0] == "kernels") {
     return RunBenchKernels(std::vector<std::string>(args.begin() + 1, args.end()));
   }
+  // `--isolation off,enforce,...` (a list) is the isolation-overhead benchmark; a single mode
+  // is an engine flag like any other.
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    const std::string value = a.rfind("--isolation=", 0) == 0             ? a.substr(12)
+                              : a == "--isolation" && i + 1 < args.size() ? args[i + 1]
+                                                                          : "";
+    if (value.find(',') != std::string::npos) return RunBenchIsolation(args);
+  }
   return RunBenchEngine(args);
 }
 

@@ -14,6 +14,7 @@ int RunVersion(const std::vector<std::string>& args);
 int RunBench(const std::vector<std::string>& args);
 int RunGenerate(const std::vector<std::string>& args);
 int RunBenchEngine(const std::vector<std::string>& args);
+int RunBenchIsolation(const std::vector<std::string>& args);
 int RunEval(const std::vector<std::string>& args);
 
 // BuildDescription returns the multi-line text `kvguard version` prints (also written into

@@ -47,7 +47,8 @@ absl::StatusOr<Trace> RunTrace(core::Model& model, core::KvPool& pool,
   const int total = static_cast<int>(prompt.size() + forced.size());
   std::vector<core::PageGrant> pages;
   const int P = pool.page_size();
-  if (auto s = pool.allocator().GrantMany(1, (total + P - 1) / P, &pages); !s.ok()) return s;
+  if (auto s = pool.table().GrantMany(core::Owner{0, 1}, (total + P - 1) / P, &pages); !s.ok())
+    return s;
   Trace t;
   std::vector<float> logits(V);
   absl::Status s = model.Prefill(prompt, pages, pool, logits.data(), tp);
@@ -57,7 +58,7 @@ absl::StatusOr<Trace> RunTrace(core::Model& model, core::KvPool& pool,
     s = model.Decode({&item, 1}, pool, logits.data(), tp);
     if (s.ok()) t.logits.push_back(logits);
   }
-  for (const core::PageGrant& g : pages) pool.allocator().Release(1, g).IgnoreError();
+  for (const core::PageGrant& g : pages) pool.table().Release(core::Owner{0, 1}, g, false);
   if (!s.ok()) return s;
   return t;
 }
@@ -175,7 +176,7 @@ int RunEval(const std::vector<std::string>& argv) {
     const int total = static_cast<int>(prompts.back().size()) + n_tokens;
     std::vector<core::PageGrant> pages;
     const int P = ref_pool->page_size();
-    if (!ref_pool->allocator().GrantMany(1, (total + P - 1) / P, &pages).ok()) return 1;
+    if (!ref_pool->table().GrantMany(core::Owner{0, 1}, (total + P - 1) / P, &pages).ok()) return 1;
     std::vector<float> logits(V);
     if (!ref.model->Prefill(prompts.back(), pages, *ref_pool, logits.data(), &tp).ok()) return 1;
     for (int i = 0; i < n_tokens; ++i) {
@@ -187,7 +188,7 @@ int RunEval(const std::vector<std::string>& argv) {
       const core::Model::DecodeItem item{next, static_cast<int>(prompts.back().size()) + i, pages};
       if (!ref.model->Decode({&item, 1}, *ref_pool, logits.data(), &tp).ok()) return 1;
     }
-    for (const core::PageGrant& g : pages) ref_pool->allocator().Release(1, g).IgnoreError();
+    for (const core::PageGrant& g : pages) ref_pool->table().Release(core::Owner{0, 1}, g, false);
     forced.push_back(cont);
     ref_traces.push_back(std::move(t));
   }

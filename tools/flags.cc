@@ -16,7 +16,14 @@ const char kEngineFlagsHelp[] =
     "  --kv-cache-fraction F        else this fraction of available memory (default 0.1)\n"
     "  --page-size P                tokens per KV page (default 16)\n"
     "  --threads N                  threads for decode and for prefill (default 2)\n"
-    "  --max-batch N                most requests decoded together (default 64)\n";
+    "  --max-batch N                most requests decoded together (default 64)\n"
+    "  --tag-key-file PATH          page-tag keys (created with mode 0600 if absent;\n"
+    "                               default: an ephemeral key per process)\n"
+    "  --tenants PATH               tenant config (JSON; default: one tenant, 'default',\n"
+    "                               in enforce mode)\n"
+    "  --tenant NAME                the tenant this command's requests run as (default\n"
+    "                               'default')\n"
+    "  --isolation MODE             off | enforce | strict: this tenant's mode\n";
 
 bool Args::Flag(const std::string& name) {
   if (done()) return false;
@@ -120,6 +127,31 @@ bool ParseEngineFlag(Args& a, core::RuntimeOptions* o, absl::Status* status) {
   if (a.Flag("--kv-cache-fraction")) {
     *status = a.Double(&d, 1e-6, 0.9);
     o->kv_cache_fraction = d;
+    return true;
+  }
+  if (a.Flag("--tag-key-file")) {
+    *status = a.Value(&o->tag_key_file);
+    return true;
+  }
+  if (a.Flag("--tenants")) {
+    *status = a.Value(&o->tenants_file);
+    return true;
+  }
+  if (a.Flag("--tenant")) {
+    *status = a.Value(&o->tenant);
+    return true;
+  }
+  if (a.Flag("--isolation")) {
+    std::string mode;
+    *status = a.Value(&mode);
+    if (status->ok()) {
+      absl::StatusOr<isolation::Mode> m = isolation::ParseMode(mode);
+      if (m.ok()) {
+        o->isolation_mode = *m;
+      } else {
+        *status = m.status();
+      }
+    }
     return true;
   }
   if (a.Flag("--page-size")) {

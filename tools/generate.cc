@@ -68,6 +68,7 @@ int RunGenerate(const std::vector<std::string>& argv) {
     if (!s.ok()) return GenerateUsage(std::string(s.message()));
   }
 
+  request.tenant = options.tenant;
   absl::StatusOr<core::Loaded> loaded = core::LoadModel(options);
   if (!loaded.ok()) {
     std::fprintf(stderr, "kvguard generate: %s\n", std::string(loaded.status().message()).c_str());
@@ -107,11 +108,20 @@ int RunGenerate(const std::vector<std::string>& argv) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::fputc('\n', stdout);
-  if (!result.ok() || result->reason == core::FinishReason::kError) {
+  std::fflush(stdout);
+  if (!result.ok() || result->reason == core::FinishReason::kError ||
+      result->reason == core::FinishReason::kAborted) {
     std::fprintf(stderr, "kvguard generate: %s\n",
                  std::string((result.ok() ? result->status : result.status()).message()).c_str());
     return 1;
   }
+  const isolation::GuardStats gs = (*engine)->guard().stats();
+  std::fprintf(stderr, "isolation: tenant %s, mode %s, %lld page tables verified (%.1f us/step)\n",
+               options.tenant.c_str(),
+               isolation::ModeName(
+                   (*engine)->guard().mode(*(*engine)->guard().ResolveTenant(options.tenant))),
+               static_cast<long long>(gs.verifications),
+               gs.steps > 0 ? gs.verify_ns_total / 1e3 / double(gs.steps) : 0.0);
   const size_t n = result->tokens.size();
   const double decode_seconds = seconds - result->first_token_seconds;
   std::fprintf(stderr,

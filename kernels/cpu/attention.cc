@@ -613,7 +613,11 @@ namespace kvguard::kernels {
 HWY_EXPORT(RunTasks);
 
 void PagedDecodeAttention(const PagedKvView& kv, int num_heads, float softmax_scale,
-                          const DecodeQuery* queries, int num_queries, ThreadPool* pool) {
+                          const DecodeQuery* all_queries, int num_all, ThreadPool* pool) {
+  std::vector<DecodeQuery> live;
+  int num_queries = 0;
+  const DecodeQuery* queries =
+      attention_internal::CheckTags(kv, num_heads, all_queries, num_all, &live, &num_queries);
   ABSL_RAW_CHECK(kv.num_kv_heads > 0 && num_heads > 0, "attention: no heads");
   ABSL_RAW_CHECK(num_heads % kv.num_kv_heads == 0,
                  "attention: num_heads must be a multiple of num_kv_heads");

@@ -2,6 +2,8 @@
 #ifndef KVGUARD_KERNELS_CPU_ATTENTION_H_
 #define KVGUARD_KERNELS_CPU_ATTENTION_H_
 
+#include <vector>
+
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/formats.h"
 
@@ -19,6 +21,14 @@ namespace kvguard::kernels {
 // (the view carries no page count): the caller (isolation) validates page tables.
 void PagedDecodeAttention(const PagedKvView& kv, int num_heads, float softmax_scale,
                           const DecodeQuery* queries, int num_queries, ThreadPool* pool);
+
+namespace attention_internal {
+// CheckTags applies the in-kernel tag check to queries[0, num_queries) (see above) and returns
+// the queries to compute: `queries` itself when none failed, else the survivors, copied into
+// *live. Sets *count to their number.
+const DecodeQuery* CheckTags(const PagedKvView& kv, int num_heads, const DecodeQuery* queries,
+                             int num_queries, std::vector<DecodeQuery>* live, int* count);
+}  // namespace attention_internal
 
 namespace ref {
 // Scalar reference with the same contract (FP64 accumulation, two-pass softmax).

@@ -12,7 +12,37 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/formats.h"
 
-namespace kvguard::kernels::ref {
+namespace kvguard::kernels {
+namespace attention_internal {
+
+// Shared by the SIMD kernel and the reference, so both keep the same fail-closed contract.
+const DecodeQuery* CheckTags(const PagedKvView& kv, int num_heads, const DecodeQuery* queries,
+                             int num_queries, std::vector<DecodeQuery>* live, int* count) {
+  *count = num_queries;
+  if (kv.page_tags == nullptr) return queries;
+  std::vector<bool> failed;
+  for (int r = 0; r < num_queries; ++r) {
+    const DecodeQuery& q = queries[r];
+    if (q.expected_tags == nullptr) continue;
+    const int32_t fault = FirstTagFault(kv, q);
+    if (q.tag_fault != nullptr) *q.tag_fault = fault;
+    if (fault < 0) continue;
+    std::fill_n(q.out, static_cast<size_t>(num_heads) * static_cast<size_t>(kv.head_dim), 0.0f);
+    failed.resize(static_cast<size_t>(num_queries), false);
+    failed[static_cast<size_t>(r)] = true;
+  }
+  if (failed.empty()) return queries;
+  live->clear();
+  for (int r = 0; r < num_queries; ++r) {
+    if (!failed[static_cast<size_t>(r)]) live->push_back(queries[r]);
+  }
+  *count = static_cast<int>(live->size());
+  return live->data();
+}
+
+}  // namespace attention_internal
+
+namespace ref {
 namespace {
 
 // Element returns the decoded value of element `index` (in elements of kv.dtype) of `base`,
@@ -35,7 +65,11 @@ double Element(const PagedKvView& kv, const void* base, int64_t index, float sca
 // The pool is unused: the reference is single-threaded on purpose, so that it shares no
 // scheduling or merging code with the kernel it checks.
 void PagedDecodeAttention(const PagedKvView& kv, int num_heads, float softmax_scale,
-                          const DecodeQuery* queries, int num_queries, ThreadPool* /*pool*/) {
+                          const DecodeQuery* all_queries, int num_all, ThreadPool* /*pool*/) {
+  std::vector<DecodeQuery> live;
+  int num_queries = 0;
+  const DecodeQuery* queries =
+      attention_internal::CheckTags(kv, num_heads, all_queries, num_all, &live, &num_queries);
   ABSL_RAW_CHECK(kv.num_kv_heads > 0 && num_heads > 0, "attention: no heads");
   ABSL_RAW_CHECK(num_heads % kv.num_kv_heads == 0,
                  "attention: num_heads must be a multiple of num_kv_heads");
@@ -95,4 +129,5 @@ void PagedDecodeAttention(const PagedKvView& kv, int num_heads, float softmax_sc
   }
 }
 
-}  // namespace kvguard::kernels::ref
+}  // namespace ref
+}  // namespace kvguard::kernels

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/synthetic_model.h"
+#include "tests/core/tiny_model.h"
 
 namespace kvguard::core {
 namespace {
@@ -17,28 +18,8 @@ namespace {
 using kernels::KvDtype;
 using kernels::WeightFormat;
 
-struct Setup {
-  std::shared_ptr<Model> model;
-  std::shared_ptr<const Tokenizer> tokenizer;
-};
-
-// One FP32 tiny model shared by every test (loading is the slow part).
-const Setup& Fp32Tiny() {
-  static const Setup* s = [] {
-    auto* setup = new Setup;
-    auto source = *MakeBuiltinSource("tiny", 1);
-    ModelOptions mo;
-    mo.prefill_weights = WeightFormat::kFp32;
-    mo.decode_weights = WeightFormat::kFp32;
-    setup->model = *Model::Load(*source, mo, nullptr);
-    setup->tokenizer = *ByteTokenizer::Create(setup->model->config().vocab_size);
-    return setup;
-  }();
-  return *s;
-}
-
 std::unique_ptr<Engine> MakeEngine(int pages, int max_batch = 64) {
-  const Setup& s = Fp32Tiny();
+  const TinyModel& s = Fp32Tiny();
   KvPoolOptions po;
   po.dtype = KvDtype::kFp32;
   po.budget_bytes = s.model->config().KvBytesPerToken(4) * 16 * size_t(pages);

@@ -61,7 +61,7 @@ void ExpectMatchesReference(const std::string& name, int prompt_len, int steps) 
   for (int i = 0; i < prompt_len; ++i) want = ref.Forward(tokens[i], i);
 
   std::vector<PageGrant> pages;
-  ASSERT_TRUE(l.pool->allocator().GrantMany(1, (prompt_len + steps + 15) / 16, &pages).ok());
+  ASSERT_TRUE(l.pool->table().GrantMany(Owner{0, 1}, (prompt_len + steps + 15) / 16, &pages).ok());
   std::vector<float> got(c.vocab_size);
   ASSERT_TRUE(l.model->Prefill(tokens, pages, *l.pool, got.data(), &tp).ok());
   EXPECT_LE(MaxAbsDiff(want, got.data()), 1e-4) << name << " prefill";
@@ -91,7 +91,8 @@ TEST(ModelTest, BatchedDecodeEqualsEachAlone) {
   for (int b = 0; b < B; ++b) {
     std::vector<int> prompt;
     for (int i = 0; i < 3 + 7 * b; ++i) prompt.push_back((b * 31 + i * 7) % 256);
-    ASSERT_TRUE(l.pool->allocator().GrantMany(b + 1, 4, &pages[b]).ok());
+    ASSERT_TRUE(
+        l.pool->table().GrantMany(Owner{0, static_cast<uint64_t>(b + 1)}, 4, &pages[b]).ok());
     ASSERT_TRUE(l.model->Prefill(prompt, pages[b], *l.pool, logits.data(), &tp).ok());
     items.push_back({(b * 13) % 256, static_cast<int>(prompt.size()), pages[b]});
   }
@@ -108,7 +109,7 @@ TEST(ModelTest, BadInputsAreRefusedWithClearErrors) {
   kernels::ThreadPool tp(1);
   Loaded l = Load("tiny", WeightFormat::kFp32, WeightFormat::kFp32, KvDtype::kFp32, &tp);
   std::vector<PageGrant> pages;
-  ASSERT_TRUE(l.pool->allocator().GrantMany(1, 1, &pages).ok());
+  ASSERT_TRUE(l.pool->table().GrantMany(Owner{0, 1}, 1, &pages).ok());
   std::vector<float> logits(l.model->config().vocab_size);
   EXPECT_EQ(l.model->Prefill({}, pages, *l.pool, logits.data(), &tp).code(),
             absl::StatusCode::kInvalidArgument);
@@ -136,8 +137,8 @@ TEST(ModelTest, QuantisedConfigurationsStayCloseToFp32) {
   std::vector<int> prompt;
   for (int i = 0; i < 30; ++i) prompt.push_back((i * 53 + 5) % 256);
   std::vector<PageGrant> p1, p2;
-  ASSERT_TRUE(ref.pool->allocator().GrantMany(1, 2, &p1).ok());
-  ASSERT_TRUE(q.pool->allocator().GrantMany(1, 2, &p2).ok());
+  ASSERT_TRUE(ref.pool->table().GrantMany(Owner{0, 1}, 2, &p1).ok());
+  ASSERT_TRUE(q.pool->table().GrantMany(Owner{0, 1}, 2, &p2).ok());
   std::vector<float> a(V), b(V);
   ASSERT_TRUE(ref.model->Prefill(prompt, p1, *ref.pool, a.data(), &tp).ok());
   ASSERT_TRUE(q.model->Prefill(prompt, p2, *q.pool, b.data(), &tp).ok());

@@ -248,6 +248,30 @@ class PagedKvCase {
   // Run returns the outputs of `fn`, [request][num_heads * head_dim].
   std::vector<std::vector<float>> Run(AttentionFn fn, ThreadPool* pool,
                                       const PagedKvView* view = nullptr, int num_heads = 0) const {
+    return RunWith(fn, pool, view != nullptr ? *view : View(), num_heads, nullptr, nullptr);
+  }
+
+  // RunTagged runs with the in-kernel tag check: `page_tags` [num_pages] are the pool's tags,
+  // expected[r] request r's expected tags; faults[r] receives the kernel's verdict.
+  std::vector<std::vector<float>> RunTagged(AttentionFn fn, ThreadPool* pool,
+                                            const std::vector<PageTag>& page_tags,
+                                            const std::vector<std::vector<PageTag>>& expected,
+                                            std::vector<int32_t>* faults) const {
+    PagedKvView kv = View();
+    kv.page_tags = page_tags.data();
+    kv.num_pages = static_cast<int32_t>(page_tags.size());
+    faults->assign(spec_.lengths.size(), 7777);
+    return RunWith(fn, pool, kv, 0, &expected, faults);
+  }
+  const std::vector<int32_t>& page_table(int r) const { return page_tables_[r]; }
+  int num_pages() const { return num_pages_; }
+
+  // RunWith is Run and RunTagged: with `expected` set, each query carries its expected tags
+  // and its fault slot.
+  std::vector<std::vector<float>> RunWith(AttentionFn fn, ThreadPool* pool, const PagedKvView& kv,
+                                          int num_heads,
+                                          const std::vector<std::vector<PageTag>>* expected,
+                                          std::vector<int32_t>* faults) const {
     const int nreq = static_cast<int>(spec_.lengths.size());
     std::vector<std::vector<float>> out(nreq);
     std::vector<DecodeQuery> queries(nreq);
@@ -257,8 +281,11 @@ class PagedKvCase {
       queries[r].page_table = page_tables_[r].data();
       queries[r].length = spec_.lengths[r];
       queries[r].out = out[r].data();
+      if (expected != nullptr) {
+        queries[r].expected_tags = (*expected)[r].data();
+        queries[r].tag_fault = &(*faults)[r];
+      }
     }
-    const PagedKvView kv = view != nullptr ? *view : View();
     fn(kv, num_heads > 0 ? num_heads : spec_.num_heads(), softmax_scale_, queries.data(), nreq,
        pool);
     return out;
@@ -627,6 +654,57 @@ TEST(PagedAttentionTest, StaleBytesBeyondLengthAreNeverRead) {
         EXPECT_GT(moved, 1e-3) << (is_k ? "K" : "V") << " of the last valid token was not read";
         EXPECT_EQ(untouched, 0.0) << (is_k ? "K" : "V");
       }
+    }
+  }
+}
+
+// The in-kernel tag check: with every expected tag right, results are exactly those of the
+// unchecked call; one flipped byte of any one page's expected tag, or a page id beyond the
+// pool, fails that request alone (zeroed output, the failing index reported) and leaves the
+// others bit-identical. Both implementations, 1 and 2 threads.
+TEST(PagedAttentionTest, TagCheckFailsOnlyTheRequestWithAWrongTag) {
+  CaseSpec spec;
+  spec.dtype = KvDtype::kFp8E4m3;
+  spec.lengths = {40, 17, 64};
+  spec.seed = 77;
+  const PagedKvCase c(spec, Stale::kNan);
+  std::vector<PageTag> tags(static_cast<size_t>(c.num_pages()));
+  for (size_t p = 0; p < tags.size(); ++p) tags[p] = PageTag{0x9E3779B97F4A7C15ull * (p + 1), ~p};
+  std::vector<std::vector<PageTag>> expected(spec.lengths.size());
+  for (size_t r = 0; r < expected.size(); ++r) {
+    for (int32_t p : c.page_table(static_cast<int>(r))) expected[r].push_back(tags[size_t(p)]);
+  }
+  ThreadPool one(1), two(2);
+  for (AttentionFn fn : {&PagedDecodeAttention, &ref::PagedDecodeAttention}) {
+    for (ThreadPool* pool : {&one, &two}) {
+      const auto base = c.Run(fn, pool);
+      std::vector<int32_t> faults;
+      EXPECT_EQ(c.RunTagged(fn, pool, tags, expected, &faults), base);  // positive twin
+      EXPECT_EQ(faults, std::vector<int32_t>(spec.lengths.size(), -1));
+      int flip = 0;
+      for (size_t r = 0; r < expected.size(); ++r) {
+        for (size_t i = 0; i < expected[r].size(); ++i, ++flip) {
+          auto bad = expected;
+          reinterpret_cast<uint8_t*>(&bad[r][i])[flip % 16] ^= 0x42;
+          const auto out = c.RunTagged(fn, pool, tags, bad, &faults);
+          for (size_t o = 0; o < expected.size(); ++o) {
+            if (o == r) {
+              EXPECT_EQ(faults[o], static_cast<int32_t>(i)) << "request " << r << " page " << i;
+              EXPECT_EQ(out[o], std::vector<float>(out[o].size(), 0.0f));
+            } else {
+              EXPECT_EQ(faults[o], -1);
+              EXPECT_EQ(out[o], base[o]) << "request " << o << " changed by request " << r;
+            }
+          }
+        }
+      }
+      // A page id beyond the pool is a fault, not a read: the view claims fewer pages than the
+      // largest id request 2 uses.
+      int32_t largest = 0;
+      for (int32_t p : c.page_table(2)) largest = std::max(largest, p);
+      const std::vector<PageTag> fewer(tags.begin(), tags.begin() + largest);
+      c.RunTagged(fn, pool, fewer, expected, &faults);
+      EXPECT_GE(faults[2], 0);
     }
   }
 }

@@ -1,0 +1,232 @@
+#include "isolation/guard.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvguard::isolation {
+namespace {
+
+int64_t UnixNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Guard>> Guard::Create(GuardOptions options, OwnershipTable* table,
+                                                     std::shared_ptr<TagKeyRing> keys) {
+  if (options.policy.tenants.empty()) {
+    return absl::InvalidArgumentError("isolation: the tenant policy names no tenant");
+  }
+  if (table == nullptr || keys == nullptr) {
+    return absl::InvalidArgumentError("isolation: no ownership table or key ring");
+  }
+  std::unique_ptr<Guard> g(new Guard());
+  g->keys_ = std::move(keys);
+  g->sink_ =
+      options.sink != nullptr ? std::move(options.sink) : std::make_shared<MemoryAuditSink>();
+  g->table_ = table;
+  for (TenantSettings& s : options.policy.tenants) g->tenants_.push_back(Tenant{std::move(s)});
+  return g;
+}
+
+const Guard::Tenant* Guard::FindLocked(TenantId tenant) const {
+  if (tenant < 1 || tenant > tenants_.size()) return nullptr;
+  return &tenants_[tenant - 1];
+}
+
+Guard::Tenant* Guard::FindLocked(TenantId tenant) {
+  if (tenant < 1 || tenant > tenants_.size()) return nullptr;
+  return &tenants_[tenant - 1];
+}
+
+absl::StatusOr<TenantId> Guard::ResolveTenant(std::string_view name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < tenants_.size(); ++i) {
+    if (tenants_[i].settings.name == name) return static_cast<TenantId>(i + 1);
+  }
+  return absl::NotFoundError(absl::StrCat("unknown tenant '", std::string(name), "'"));
+}
+
+std::string Guard::TenantName(TenantId tenant) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Tenant* t = FindLocked(tenant);
+  return t == nullptr ? "?" : t->settings.name;
+}
+
+std::vector<TenantSettings> Guard::tenants() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<TenantSettings> out;
+  for (const Tenant& t : tenants_) out.push_back(t.settings);
+  return out;
+}
+
+Mode Guard::mode(TenantId tenant) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Tenant* t = FindLocked(tenant);
+  return t == nullptr ? Mode::kEnforce : t->settings.mode;
+}
+
+absl::Status Guard::Append(AuditEvent event) {
+  event.unix_nanos = UnixNanos();
+  return sink_->Append(event);
+}
+
+absl::Status Guard::SetMode(std::string_view tenant, Mode mode, std::string_view actor) {
+  std::lock_guard<std::mutex> serial(mode_change_mu_);
+  absl::StatusOr<TenantId> id = ResolveTenant(tenant);
+  if (!id.ok()) return id.status();
+  AuditEvent e;
+  e.type = AuditEvent::Type::kModeChange;
+  e.tenant = std::string(tenant);
+  e.mode_from = ModeName(this->mode(*id));
+  e.mode_to = ModeName(mode);
+  e.actor = std::string(actor);
+  if (absl::Status s = Append(std::move(e)); !s.ok()) {
+    return absl::Status(s.code(),
+                        absl::StrCat("mode change not recorded, so not applied: ", s.message()));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  tenants_[*id - 1].settings.mode = mode;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<KeyId> Guard::RotateKey(std::string_view actor) {
+  if (absl::Status s = sink_->Healthy(); !s.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("key rotation refused: the audit log cannot record it (", s.message(), ")"));
+  }
+  absl::StatusOr<KeyId> id = keys_->Rotate();
+  if (!id.ok()) return id.status();
+  AuditEvent e;
+  e.type = AuditEvent::Type::kKeyRotated;
+  e.actor = std::string(actor);
+  absl::StatusOr<std::string> fp = keys_->Fingerprint(*id);
+  e.key_fingerprint = fp.ok() ? *fp : "?";
+  if (absl::Status s = Append(std::move(e)); !s.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.unrecorded;
+  }
+  return id;
+}
+
+absl::Status Guard::RetireKey(KeyId id) {
+  if (const int held = table_->pages_under_key(id); held > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "key ", id, " still tags ", held, " held pages; retire it after they are released"));
+  }
+  return keys_->Retire(id);
+}
+
+absl::Status Guard::Admit(TenantId tenant) const {
+  Mode mode;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Tenant* t = FindLocked(tenant);
+    if (t == nullptr) return absl::NotFoundError(absl::StrCat("unknown tenant id ", tenant));
+    if (t->quarantined) {
+      return absl::PermissionDeniedError(absl::StrCat("tenant '", t->settings.name,
+                                                      "' is quarantined after ", t->violations,
+                                                      " isolation violations"));
+    }
+    mode = t->settings.mode;
+  }
+  if (mode == Mode::kStrict) {
+    if (absl::Status s = sink_->Healthy(); !s.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "strict tenant refused: the audit log cannot record violations (", s.message(), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::optional<Violation> Guard::Verify(const Owner& owner, std::span<const PageGrant> grants,
+                                       Mode mode) const {
+  if (mode == Mode::kOff) return std::nullopt;
+  if (mode == Mode::kStrict) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Tenant* t = FindLocked(owner.tenant);
+    const bool tenant_out = t != nullptr && t->quarantined;
+    if (tenant_out || quarantined_sessions_.contains(owner.session)) {
+      Violation v;
+      v.kind = tenant_out ? ViolationKind::kTenantQuarantined : ViolationKind::kSessionQuarantined;
+      v.requester = owner;
+      return v;
+    }
+  }
+  return table_->Verify(owner, grants);
+}
+
+void Guard::Report(const Violation& v, uint64_t request) {
+  std::string name;
+  Mode mode = Mode::kEnforce;
+  bool quarantine_tenant = false;
+  int violations = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_.violations;
+    Tenant* t = FindLocked(v.requester.tenant);
+    name = t == nullptr ? "?" : t->settings.name;
+    ++stats_.by_tenant_reason[{name, ViolationKindName(v.kind)}];
+    const bool repeat =
+        v.kind == ViolationKind::kTenantQuarantined || v.kind == ViolationKind::kSessionQuarantined;
+    if (t != nullptr && !repeat) {
+      mode = t->settings.mode;
+      ++t->violations;
+      if (mode == Mode::kStrict) {
+        quarantined_sessions_.insert(v.requester.session);
+        violations = ++t->strict_violations;
+        if (!t->quarantined && violations >= t->settings.quarantine_after) {
+          t->quarantined = quarantine_tenant = true;
+        }
+      }
+    }
+  }
+  AuditEvent e;
+  e.type = AuditEvent::Type::kViolation;
+  e.tenant = name;
+  e.request = request;
+  e.violation = v;
+  int unrecorded = !Append(e).ok();
+  if (mode == Mode::kStrict) {
+    const int pages = table_->QuarantineSession(v.requester);
+    AuditEvent q;
+    q.type = AuditEvent::Type::kSessionQuarantined;
+    q.tenant = name;
+    q.request = request;
+    q.violation = v;
+    q.detail = absl::StrCat(pages, " pages quarantined");
+    unrecorded += !Append(std::move(q)).ok();
+  }
+  if (quarantine_tenant) {
+    AuditEvent q;
+    q.type = AuditEvent::Type::kTenantQuarantined;
+    q.tenant = name;
+    q.request = request;
+    q.detail = absl::StrCat(violations, " violations");
+    unrecorded += !Append(std::move(q)).ok();
+  }
+  if (unrecorded > 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.unrecorded += unrecorded;
+  }
+}
+
+void Guard::RecordStep(int64_t verify_ns, int64_t verifications, int64_t pages) {
+  if (verifications == 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.steps;
+  stats_.verifications += verifications;
+  stats_.pages_verified += pages;
+  stats_.verify_ns_total += verify_ns;
+  stats_.verify_ns_max = std::max(stats_.verify_ns_max, verify_ns);
+}
+
+GuardStats Guard::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+}  // namespace kvguard::isolation

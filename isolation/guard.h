@@ -1,0 +1,135 @@
+// isolation/guard.h: the isolation layer as the engine sees it: the ownership table, the
+// tenants and their modes, the audit sink, the metrics, and what a violation does.
+//
+// The engine's side of the contract (core/engine.cc):
+//   * every page a request holds is granted by table() to Owner{tenant, session};
+//   * each step pins an epoch (table().PinStep()), then, for each request whose tenant's
+//     mode (read once per step) is not off, calls Verify before any of its KV is read and
+//     passes the grants' tags to the kernels; a violation aborts that request alone;
+//   * every violation, wherever found (verification, kernel check, release), goes to Report.
+#ifndef KVGUARD_ISOLATION_GUARD_H_
+#define KVGUARD_ISOLATION_GUARD_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "isolation/audit_sink.h"
+#include "isolation/ownership_table.h"
+#include "isolation/tag_key.h"
+#include "isolation/tenant_policy.h"
+#include "isolation/violation.h"
+
+namespace kvguard::isolation {
+
+struct GuardOptions {
+  TenantPolicy policy = TenantPolicy::Default();
+  std::shared_ptr<AuditSink> sink;  // null: a MemoryAuditSink
+};
+
+// GuardStats are the isolation metrics (exported by the service as /metrics).
+struct GuardStats {
+  int64_t steps = 0;            // steps that verified at least one request
+  int64_t verifications = 0;    // page tables verified
+  int64_t pages_verified = 0;   // grants checked
+  int64_t verify_ns_total = 0;  // time spent verifying, over all steps
+  int64_t verify_ns_max = 0;    // the slowest step's verification
+  int64_t violations = 0;
+  int64_t unrecorded = 0;  // violations the sink failed to record
+  std::map<std::pair<std::string, std::string>, int64_t> by_tenant_reason;  // (tenant, kind)
+};
+
+class Guard {
+ public:
+  // Create guards the pages of `table` (owned by the KV pool, which must outlive the guard),
+  // whose tags `keys` derives. InvalidArgument for an empty policy or a null table or ring.
+  static absl::StatusOr<std::unique_ptr<Guard>> Create(GuardOptions options, OwnershipTable* table,
+                                                       std::shared_ptr<TagKeyRing> keys);
+
+  OwnershipTable& table() { return *table_; }
+  const OwnershipTable& table() const { return *table_; }
+  TagKeyRing& keys() { return *keys_; }
+  AuditSink& sink() { return *sink_; }
+
+  // ResolveTenant returns the id of tenant `name`; NotFound for an unknown name.
+  absl::StatusOr<TenantId> ResolveTenant(std::string_view name) const;
+  // TenantName returns the name of `tenant` ("?" if unknown).
+  std::string TenantName(TenantId tenant) const;
+  std::vector<TenantSettings> tenants() const;
+
+  // mode returns the tenant's current mode (enforce for an unknown id: fail closed).
+  Mode mode(TenantId tenant) const;
+
+  // SetMode changes a tenant's mode at run time; the engine applies it from its next step.
+  // The change is recorded first: if the sink cannot record it, nothing changes (the sink's
+  // error). NotFound for an unknown tenant.
+  absl::Status SetMode(std::string_view tenant, Mode mode, std::string_view actor);
+
+  // RotateKey makes a new tag key active (new grants use it; old tags stay valid until their
+  // pages are released) and records the rotation with the new key's fingerprint.
+  // Unavailable (and no rotation) while the sink cannot record.
+  absl::StatusOr<KeyId> RotateKey(std::string_view actor);
+
+  // RetireKey forgets an old key: FailedPrecondition while any page granted under it is still
+  // held (its stored tag would outlive the key's audit trail), else TagKeyRing::Retire's result.
+  absl::Status RetireKey(KeyId id);
+
+  // Admit returns OK if `tenant` may start a new request: PermissionDenied if the tenant is
+  // quarantined; Unavailable for a strict tenant while the audit sink cannot record.
+  absl::Status Admit(TenantId tenant) const;
+
+  // Verify checks one session's page table if its tenant's `mode` (as read at the start of
+  // the step) asks for it: nullopt if the mode is off or every grant checks out, else the
+  // violation (also for a strict tenant already quarantined). Does not Report.
+  std::optional<Violation> Verify(const Owner& owner, std::span<const PageGrant> grants,
+                                  Mode mode) const;
+
+  // Report records a violation found anywhere (verification, kernel check, release) against
+  // `request`: an audit event, the counters, and for a strict tenant the quarantine of the
+  // session (its pages are held out of reach and scrubbed) and, at the limit, of the tenant.
+  void Report(const Violation& v, uint64_t request);
+
+  // RecordStep adds one step's verification cost to the metrics.
+  void RecordStep(int64_t verify_ns, int64_t verifications, int64_t pages);
+
+  GuardStats stats() const;
+
+ private:
+  struct Tenant {
+    TenantSettings settings;
+    int violations = 0;         // all, whatever the mode
+    int strict_violations = 0;  // those while strict: what quarantine_after counts
+    bool quarantined = false;
+  };
+  Guard() = default;
+  const Tenant* FindLocked(TenantId tenant) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Tenant* FindLocked(TenantId tenant) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Append records `event`, counting a failure. Requires mu_ not held (sinks may be slow).
+  absl::Status Append(AuditEvent event);
+
+  std::shared_ptr<TagKeyRing> keys_;
+  std::shared_ptr<AuditSink> sink_;
+  OwnershipTable* table_ = nullptr;
+  // Serialises SetMode calls, so that modes are applied in the order their changes were
+  // recorded (taken before mu_, never while holding it).
+  std::mutex mode_change_mu_;
+  mutable std::mutex mu_;
+  std::vector<Tenant> tenants_ ABSL_GUARDED_BY(mu_);  // id = index + 1
+  // Strict sessions quarantined at their first violation: served no more.
+  absl::flat_hash_set<SessionId> quarantined_sessions_ ABSL_GUARDED_BY(mu_);
+  GuardStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvguard::isolation
+
+#endif  // KVGUARD_ISOLATION_GUARD_H_

@@ -1,0 +1,347 @@
+#include "isolation/ownership_table.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/base/internal/raw_logging.h"
+#include "absl/strings/str_cat.h"
+
+namespace kvguard::isolation {
+
+OwnershipTable::OwnershipTable(int num_pages, const TagKeyRing* keys,
+                               std::function<void(int32_t)> scrub)
+    : keys_(keys),
+      scrub_(std::move(scrub)),
+      pages_(static_cast<size_t>(num_pages)),
+      tags_(new kernels::PageTag[static_cast<size_t>(num_pages)]()) {
+  ABSL_RAW_CHECK(num_pages >= 1, "ownership table needs at least one page");
+  ABSL_RAW_CHECK(keys != nullptr, "ownership table needs a key ring");
+  free_.reserve(pages_.size());
+  for (int32_t p = num_pages - 1; p >= 0; --p) free_.push_back(p);
+}
+
+void OwnershipTable::SetTagLocked(int32_t page, const kernels::PageTag& tag) {
+  // Kernels load these with relaxed atomics while a faulty release may be rewriting them.
+  __atomic_store_n(&tags_[page].lo, tag.lo, __ATOMIC_RELAXED);
+  __atomic_store_n(&tags_[page].hi, tag.hi, __ATOMIC_RELAXED);
+}
+
+absl::StatusOr<PageGrant> OwnershipTable::Grant(const Owner& owner) {
+  std::vector<PageGrant> one;
+  if (absl::Status s = GrantMany(owner, 1, &one); !s.ok()) return s;
+  return one.front();
+}
+
+absl::Status OwnershipTable::GrantMany(const Owner& owner, int count, std::vector<PageGrant>* out) {
+  if (owner.session == kNoSession) return absl::InvalidArgumentError("grant to no session");
+  if (count < 0) return absl::InvalidArgumentError("negative page count");
+  std::lock_guard<std::mutex> lock(mu_);
+  // Read under the lock, so a concurrent rotate-then-retire cannot retire it in between.
+  const KeyId key_id = keys_->active_id();
+  if (static_cast<size_t>(count) > free_.size()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("KV pool: ", count, " pages wanted, ", free_.size(), " free"));
+  }
+  const size_t first = out->size();
+  for (int i = 0; i < count; ++i) {
+    int32_t p = free_.back();
+#if KVGUARD_FAULT_INJECTION
+    if (faults_.grant_owned_page) {
+      for (size_t q = 0; q < pages_.size(); ++q) {
+        if (pages_[q].state == PageState::kOwned && !(pages_[q].owner == owner)) {
+          p = static_cast<int32_t>(q);
+          faults_.grant_owned_page = false;  // fires once, when another session owns a page
+          break;
+        }
+      }
+    }
+#endif
+    Page& page = pages_[static_cast<size_t>(p)];
+    uint64_t generation = page.generation + 1;
+#if KVGUARD_FAULT_INJECTION
+    if (faults_.skip_generation_bump) generation = page.generation;
+#endif
+    absl::StatusOr<kernels::PageTag> tag = keys_->Derive(
+        key_id, TagInput{static_cast<uint64_t>(p), generation, owner.tenant, owner.session});
+    if (!tag.ok()) {
+      // Undo this call's grants: nothing is granted on failure.
+      for (size_t j = out->size(); j > first; --j) {
+        const PageGrant& g = (*out)[j - 1];
+        Page& undo = pages_[static_cast<size_t>(g.page)];
+        undo.state = PageState::kFree;
+        undo.owner = Owner{};
+        ++undo.generation;
+        SetTagLocked(g.page, kernels::PageTag{});
+        free_.push_back(g.page);
+      }
+      out->resize(first);
+      return tag.status();
+    }
+    if (p == free_.back()) free_.pop_back();
+    page.state = PageState::kOwned;
+    page.owner = owner;
+    page.generation = generation;
+    page.key_id = key_id;
+    page.tag = *tag;
+    page.scrub = false;
+    SetTagLocked(p, *tag);
+    out->push_back(PageGrant{p, generation, *tag});
+  }
+  return absl::OkStatus();
+}
+
+std::optional<Violation> OwnershipTable::CheckLocked(const Owner& owner, const PageGrant& grant,
+                                                     int32_t index) const {
+  Violation v;
+  v.requester = owner;
+  v.page = grant.page;
+  v.page_index = index;
+  v.expected_generation = grant.generation;
+  if (grant.page < 0 || static_cast<size_t>(grant.page) >= pages_.size()) {
+    v.kind = ViolationKind::kInvalidPage;
+    return v;
+  }
+  const Page& page = pages_[static_cast<size_t>(grant.page)];
+  v.actual_generation = page.generation;
+  v.actual_owner = page.owner;
+  const bool current = page.generation == grant.generation;
+  if (page.state == PageState::kFree || page.state == PageState::kLimbo) {
+    v.kind = current ? ViolationKind::kPageNotOwned : ViolationKind::kStaleGeneration;
+    return v;
+  }
+  if (!(page.owner == owner)) {
+    v.kind = current ? ViolationKind::kWrongOwner : ViolationKind::kStaleGeneration;
+    return v;
+  }
+  if (!current) {
+    v.kind = ViolationKind::kStaleGeneration;
+    return v;
+  }
+  if (!TagsEqual(page.tag, grant.tag)) {
+    v.kind = ViolationKind::kTagMismatch;
+    return v;
+  }
+  if (page.state == PageState::kQuarantined) {
+    v.kind = ViolationKind::kQuarantinedPage;
+    return v;
+  }
+  if (page.copies > 0 && !(page.copy_owner == owner)) {
+    v.kind = ViolationKind::kForeignCopyInFlight;
+    return v;
+  }
+  return std::nullopt;
+}
+
+std::optional<Violation> OwnershipTable::Verify(const Owner& owner,
+                                                std::span<const PageGrant> grants) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < grants.size(); ++i) {
+    if (auto v = CheckLocked(owner, grants[i], static_cast<int32_t>(i))) return v;
+  }
+  return std::nullopt;
+}
+
+std::optional<Violation> OwnershipTable::Release(const Owner& owner, const PageGrant& grant,
+                                                 bool scrub) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::optional<Violation> v = CheckLocked(owner, grant, -1);
+  // A quarantined page is still its session's to release; a foreign copy does not stop the
+  // owner releasing (the page then waits for the copy in limbo).
+  if (v && (v->kind == ViolationKind::kQuarantinedPage ||
+            v->kind == ViolationKind::kForeignCopyInFlight)) {
+    v.reset();
+  }
+  // A grant that is no longer current is a stale release (double release, late release after
+  // reuse); a current one presented by another owner or with another tag keeps its kind.
+  if (v &&
+      (v->kind == ViolationKind::kStaleGeneration || v->kind == ViolationKind::kPageNotOwned)) {
+    v->kind = ViolationKind::kStaleRelease;
+  }
+#if KVGUARD_FAULT_INJECTION
+  if (v && faults_.accept_stale_release && v->kind == ViolationKind::kStaleRelease) v.reset();
+#endif
+  if (v) return v;
+  Page& page = pages_[static_cast<size_t>(grant.page)];
+  page.scrub = scrub || page.state == PageState::kQuarantined;
+  page.state = PageState::kLimbo;
+  page.owner = Owner{};
+  page.tag = kernels::PageTag{};
+#if KVGUARD_FAULT_INJECTION
+  if (!faults_.skip_generation_bump) ++page.generation;
+#else
+  ++page.generation;
+#endif
+  page.retire_ticket = next_ticket_;
+  SetTagLocked(grant.page, kernels::PageTag{});
+  limbo_.push_back(grant.page);
+  ReclaimLocked();
+  return std::nullopt;
+}
+
+void OwnershipTable::ReclaimLocked() {
+  const uint64_t oldest = pinned_.empty() ? UINT64_MAX : *pinned_.begin();
+  bool ignore_epoch = false, ignore_copies = false;
+#if KVGUARD_FAULT_INJECTION
+  ignore_epoch = faults_.ignore_epoch;
+  ignore_copies = faults_.ignore_copy_pins;
+#endif
+  for (size_t i = 0; i < limbo_.size();) {
+    const int32_t p = limbo_[i];
+    Page& page = pages_[static_cast<size_t>(p)];
+    // Steps pinned before the release hold tickets below retire_ticket.
+    const bool epoch_clear = ignore_epoch || oldest >= page.retire_ticket;
+    const bool copies_clear = ignore_copies || page.copies == 0;
+    if (!epoch_clear || !copies_clear) {
+      ++i;
+      continue;
+    }
+    if (page.scrub && scrub_) scrub_(p);
+    page.scrub = false;
+    page.state = PageState::kFree;
+    free_.push_back(p);
+    limbo_[i] = limbo_.back();
+    limbo_.pop_back();
+  }
+}
+
+int OwnershipTable::QuarantineSession(const Owner& owner) {
+  std::lock_guard<std::mutex> lock(mu_);
+  int n = 0;
+  for (size_t p = 0; p < pages_.size(); ++p) {
+    Page& page = pages_[p];
+    if (page.state == PageState::kOwned && page.owner == owner) {
+      page.state = PageState::kQuarantined;
+      SetTagLocked(static_cast<int32_t>(p), kernels::PageTag{});
+      ++n;
+    }
+  }
+  return n;
+}
+
+OwnershipTable::StepPin OwnershipTable::PinStep() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t ticket = next_ticket_++;
+  pinned_.insert(ticket);
+  return StepPin(this, ticket);
+}
+
+void OwnershipTable::Unpin(uint64_t ticket) {
+  std::lock_guard<std::mutex> lock(mu_);
+  pinned_.erase(ticket);
+  ReclaimLocked();
+}
+
+OwnershipTable::StepPin::StepPin(StepPin&& other) noexcept
+    : table_(std::exchange(other.table_, nullptr)), ticket_(other.ticket_) {}
+
+OwnershipTable::StepPin& OwnershipTable::StepPin::operator=(StepPin&& other) noexcept {
+  if (this != &other) {
+    if (table_ != nullptr) table_->Unpin(ticket_);
+    table_ = std::exchange(other.table_, nullptr);
+    ticket_ = other.ticket_;
+  }
+  return *this;
+}
+
+OwnershipTable::StepPin::~StepPin() {
+  if (table_ != nullptr) table_->Unpin(ticket_);
+}
+
+std::optional<Violation> OwnershipTable::BeginCopy(const Owner& owner, const PageGrant& grant) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto v = CheckLocked(owner, grant, -1)) return v;
+  Page& page = pages_[static_cast<size_t>(grant.page)];
+  ++page.copies;
+  page.copy_owner = owner;
+  return std::nullopt;
+}
+
+std::optional<Violation> OwnershipTable::EndCopy(const Owner& owner, const PageGrant& grant) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (grant.page < 0 || static_cast<size_t>(grant.page) >= pages_.size()) {
+    return Violation{ViolationKind::kInvalidPage, owner, grant.page, -1, grant.generation, 0, {}};
+  }
+  Page& page = pages_[static_cast<size_t>(grant.page)];
+  if (page.copies > 0 && page.copy_owner == owner) --page.copies;
+  if (page.copies == 0) page.copy_owner = Owner{};
+  std::optional<Violation> v;
+  if (page.generation != grant.generation || !(page.owner == owner)) {
+    v = Violation{ViolationKind::kStaleGeneration,
+                  owner,
+                  grant.page,
+                  -1,
+                  grant.generation,
+                  page.generation,
+                  page.owner};
+  }
+  ReclaimLocked();
+  return v;
+}
+
+int OwnershipTable::free_pages() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(free_.size());
+}
+
+int OwnershipTable::used_pages() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(pages_.size() - free_.size() - limbo_.size());
+}
+
+int OwnershipTable::limbo_pages() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(limbo_.size());
+}
+
+PageState OwnershipTable::state(int32_t page) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  ABSL_RAW_CHECK(page >= 0 && static_cast<size_t>(page) < pages_.size(), "state: invalid page");
+  return pages_[static_cast<size_t>(page)].state;
+}
+
+int OwnershipTable::pages_under_key(KeyId id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int n = 0;
+  for (const Page& page : pages_) {
+    n += (page.state == PageState::kOwned || page.state == PageState::kQuarantined) &&
+         page.key_id == id;
+  }
+  return n;
+}
+
+absl::Status OwnershipTable::CheckAccounting() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<uint8_t> listed(pages_.size(), 0);  // 1 free list, 2 limbo list
+  for (int32_t p : free_) {
+    if (p < 0 || static_cast<size_t>(p) >= pages_.size() || listed[static_cast<size_t>(p)]) {
+      return absl::InternalError(absl::StrCat("free list holds page ", p, " twice or invalid"));
+    }
+    listed[static_cast<size_t>(p)] = 1;
+  }
+  for (int32_t p : limbo_) {
+    if (p < 0 || static_cast<size_t>(p) >= pages_.size() || listed[static_cast<size_t>(p)]) {
+      return absl::InternalError(absl::StrCat("limbo holds page ", p, " twice, or it is free"));
+    }
+    listed[static_cast<size_t>(p)] = 2;
+  }
+  for (size_t p = 0; p < pages_.size(); ++p) {
+    const PageState s = pages_[p].state;
+    const uint8_t want = s == PageState::kFree ? 1 : s == PageState::kLimbo ? 2 : 0;
+    if (listed[p] != want) {
+      return absl::InternalError(absl::StrCat("page ", p, " is on the wrong list for its state"));
+    }
+    if (s != PageState::kOwned && (tags_[p].lo | tags_[p].hi) != 0) {
+      return absl::InternalError(absl::StrCat("page ", p, " is not owned but has a tag"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+#if KVGUARD_FAULT_INJECTION
+void OwnershipTable::set_faults(const TableFaults& faults) {
+  std::lock_guard<std::mutex> lock(mu_);
+  faults_ = faults;
+}
+#endif
+
+}  // namespace kvguard::isolation

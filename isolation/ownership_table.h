@@ -1,0 +1,177 @@
+// isolation/ownership_table.h: the page ownership table, the one authority over who may touch
+// which physical KV page. The engine reaches a page only through a PageGrant handed out here.
+//
+// For each physical page the table keeps its state, owner (tenant, session), generation and
+// tag. The generation moves on (+1) at every grant and every release and is never reused, so
+// every grant dies with its page's release. The tag is a keyed MAC over (key id, page,
+// generation, tenant, session) (isolation/tag_key.h); the table keeps the current tag of every
+// page in one array the attention kernels read for their own check (kernels/formats.h).
+//
+// The epoch rule (closes the verify-then-read race): a decode or prefill step pins an epoch
+// before it verifies its grants and unpins when its kernels are done. A page released while
+// any step that started before the release is still pinned is not free yet: it waits in
+// limbo (unreadable: its tag is already zero, its state not owned) and is reclaimed, scrubbed
+// first if its releaser asked for it, only when every such step has ended. So a step that
+// verified a grant can never read the page after it went to someone else. Pages under an
+// asynchronous copy (BeginCopy .. EndCopy) likewise stay out of circulation until the copy ends.
+//
+// Thread-safe: one mutex; verification is a few loads and compares per page under it.
+#ifndef KVGUARD_ISOLATION_OWNERSHIP_TABLE_H_
+#define KVGUARD_ISOLATION_OWNERSHIP_TABLE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <span>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "isolation/tag_key.h"
+#include "isolation/violation.h"
+#include "kernels/formats.h"
+
+namespace kvguard::isolation {
+
+// PageGrant is one entry of a session's page table: valid while the page is still owned by
+// that session at that generation and carries that tag.
+struct PageGrant {
+  int32_t page = -1;
+  uint64_t generation = 0;
+  kernels::PageTag tag;
+  friend bool operator==(const PageGrant&, const PageGrant&) = default;
+};
+
+enum class PageState : uint8_t { kFree, kOwned, kLimbo, kQuarantined };
+
+#if KVGUARD_FAULT_INJECTION
+// TableFaults make the table misbehave the ways real allocators have shipped (test and fuzz
+// builds only). Verification must catch each before any wrong byte is read.
+struct TableFaults {
+  bool skip_generation_bump = false;  // release and the next grant leave the generation as is
+  bool grant_owned_page = false;      // one grant hands out a page another session still owns
+  bool accept_stale_release = false;  // a stale release frees the page anyway
+  bool ignore_epoch = false;          // released pages are free at once, pinned steps or not
+  bool ignore_copy_pins = false;      // released pages are free at once, copies in flight or not
+};
+#endif
+
+class OwnershipTable {
+ public:
+  // OwnershipTable manages pages [0, num_pages) (>= 1). `keys` derives the tags and must
+  // outlive the table. `scrub`, if set, zeroes one physical page; it is called (under the
+  // table's lock) before a page released with scrub = true is free again.
+  OwnershipTable(int num_pages, const TagKeyRing* keys, std::function<void(int32_t)> scrub);
+  OwnershipTable(const OwnershipTable&) = delete;
+  OwnershipTable& operator=(const OwnershipTable&) = delete;
+
+  // GrantMany grants `count` free pages to `owner` (session != kNoSession) and appends their
+  // grants to `out`, or grants none: ResourceExhausted when fewer are free, InvalidArgument
+  // for a bad owner or count, or the key ring's error.
+  absl::Status GrantMany(const Owner& owner, int count, std::vector<PageGrant>* out);
+  absl::StatusOr<PageGrant> Grant(const Owner& owner);
+
+  // Release returns the page of `grant` (owned by `owner`) to circulation; with `scrub` the
+  // page is zeroed before anyone can be granted it. Returns nullopt on success, else the
+  // violation and frees nothing: kStaleRelease for a grant that is no longer current (double
+  // release, late release after reuse), kWrongOwner / kTagMismatch for a current grant
+  // presented by another session or with another tag, kInvalidPage.
+  std::optional<Violation> Release(const Owner& owner, const PageGrant& grant, bool scrub);
+
+  // Verify checks every grant of one session's page table against the table: page in range,
+  // page owned (not free, limbo or quarantined), by `owner`, at the grant's generation, with
+  // the grant's tag (constant-time compare), and no other session's copy in flight. Returns
+  // nullopt if all pass, else the first violation.
+  std::optional<Violation> Verify(const Owner& owner, std::span<const PageGrant> grants) const;
+
+  // QuarantineSession takes every page `owner` holds out of reach: reads fail with
+  // kQuarantinedPage; the pages still belong to the session until it releases them, after
+  // which they are scrubbed before reuse. Returns how many pages were quarantined.
+  int QuarantineSession(const Owner& owner);
+
+  // StepPin is the epoch pin of one step (see the file comment). Move-only; unpins when
+  // destroyed.
+  class StepPin {
+   public:
+    StepPin() = default;
+    StepPin(StepPin&& other) noexcept;
+    StepPin& operator=(StepPin&& other) noexcept;
+    ~StepPin();
+
+   private:
+    friend class OwnershipTable;
+    StepPin(OwnershipTable* table, uint64_t ticket) : table_(table), ticket_(ticket) {}
+    OwnershipTable* table_ = nullptr;
+    uint64_t ticket_ = 0;
+  };
+  StepPin PinStep();
+
+  // BeginCopy marks an asynchronous copy into or out of the page of `grant` as in flight: the
+  // grant is verified first (its violation is returned and nothing is marked). Until EndCopy,
+  // a release keeps the page out of circulation. EndCopy returns nullopt if the page is still
+  // the same grant's, else kStaleGeneration (the page changed hands during the copy).
+  std::optional<Violation> BeginCopy(const Owner& owner, const PageGrant& grant);
+  std::optional<Violation> EndCopy(const Owner& owner, const PageGrant& grant);
+
+  // tags returns the current tag of every page [num_pages], for the kernels' own check. A
+  // page that is not owned has the all-zero tag.
+  const kernels::PageTag* tags() const { return tags_.get(); }
+  int num_pages() const { return static_cast<int>(pages_.size()); }
+  int free_pages() const;
+  // used_pages counts owned and quarantined pages; limbo_pages those waiting out an epoch or a
+  // copy after release.
+  int used_pages() const;
+  int limbo_pages() const;
+  PageState state(int32_t page) const;
+  // pages_under_key counts owned and quarantined pages whose tag was derived with key `id`.
+  int pages_under_key(KeyId id) const;
+
+  // CheckAccounting returns Internal when free + owned + quarantined + limbo != total, a page
+  // is on the free list twice or while not free, or a free page has a non-zero tag.
+  absl::Status CheckAccounting() const;
+
+#if KVGUARD_FAULT_INJECTION
+  void set_faults(const TableFaults& faults);
+#endif
+
+ private:
+  struct Page {
+    PageState state = PageState::kFree;
+    Owner owner;
+    uint64_t generation = 0;
+    KeyId key_id = 0;
+    kernels::PageTag tag;        // the grant's tag (tags_[page] is zero unless readable)
+    uint32_t copies = 0;         // asynchronous copies in flight
+    Owner copy_owner;            // whose copies
+    bool scrub = false;          // zero before it is free again
+    uint64_t retire_ticket = 0;  // limbo: steps with a ticket below this may still read it
+  };
+  std::optional<Violation> CheckLocked(const Owner& owner, const PageGrant& grant,
+                                       int32_t index) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetTagLocked(int32_t page, const kernels::PageTag& tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ReclaimLocked frees every limbo page no pinned step or copy can still touch.
+  void ReclaimLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Unpin(uint64_t ticket);
+
+  const TagKeyRing* keys_;
+  std::function<void(int32_t)> scrub_;
+  // std::mutex rather than absl::Mutex: Debian's Abseil is not built with ThreadSanitizer.
+  mutable std::mutex mu_;
+  std::vector<Page> pages_ ABSL_GUARDED_BY(mu_);
+  std::vector<int32_t> free_ ABSL_GUARDED_BY(mu_);   // LIFO: a just-freed page is reused first
+  std::vector<int32_t> limbo_ ABSL_GUARDED_BY(mu_);  // released, not yet reclaimable
+  std::unique_ptr<kernels::PageTag[]> tags_;         // [num_pages], written with atomic stores
+  uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
+  std::set<uint64_t> pinned_ ABSL_GUARDED_BY(mu_);  // tickets of the steps in flight
+#if KVGUARD_FAULT_INJECTION
+  TableFaults faults_ ABSL_GUARDED_BY(mu_);
+#endif
+};
+
+}  // namespace kvguard::isolation
+
+#endif  // KVGUARD_ISOLATION_OWNERSHIP_TABLE_H_

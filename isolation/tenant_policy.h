@@ -1,0 +1,53 @@
+// isolation/tenant_policy.h: per-tenant isolation modes, from the tenant config file.
+//
+//   off      no checks: the fast path, for deployments that do not need isolation.
+//   enforce  (default) every decode step verifies each request's page table (owner,
+//            generation, tag) and the kernels check tags as well; a mismatch aborts the
+//            request alone and is reported.
+//   strict   enforce, plus: pages are zeroed on release; a session is quarantined at its
+//            first violation and the tenant after `quarantine_after` violations; new
+//            requests are refused while the audit sink cannot record.
+// No page is ever shared across sessions in this engine (the ownership table has one owner
+// per page), so "the strictest mode among a page's users" is always its one owner's mode.
+//
+// Config file (JSON; unknown keys are errors, so a typo never silently weakens a tenant):
+//   {"tenants": [{"name": "acme", "mode": "strict", "quarantine_after": 3},
+//                {"name": "beta"}]}
+#ifndef KVGUARD_ISOLATION_TENANT_POLICY_H_
+#define KVGUARD_ISOLATION_TENANT_POLICY_H_
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace kvguard::isolation {
+
+enum class Mode : uint8_t { kOff, kEnforce, kStrict };
+
+// ModeName returns "off", "enforce" or "strict"; ParseMode the reverse (InvalidArgument else).
+const char* ModeName(Mode mode);
+absl::StatusOr<Mode> ParseMode(std::string_view name);
+
+struct TenantSettings {
+  std::string name;  // 1-64 of [A-Za-z0-9_.-]
+  Mode mode = Mode::kEnforce;
+  int quarantine_after = 3;  // strict: violations before the tenant is quarantined, >= 1
+};
+
+struct TenantPolicy {
+  std::vector<TenantSettings> tenants;  // tenant id = index + 1
+
+  // Default returns one tenant, "default", in enforce mode.
+  static TenantPolicy Default();
+  // Parse reads the JSON above. InvalidArgument naming the field for malformed JSON, unknown
+  // or mistyped keys, bad or duplicate names, unknown modes, or an out-of-range limit.
+  static absl::StatusOr<TenantPolicy> Parse(std::string_view json);
+  // LoadFile reads and parses `path`; NotFound / the parse error, prefixed with the path.
+  static absl::StatusOr<TenantPolicy> LoadFile(const std::string& path);
+};
+
+}  // namespace kvguard::isolation
+
+#endif  // KVGUARD_ISOLATION_TENANT_POLICY_H_

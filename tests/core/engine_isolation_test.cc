@@ -1,0 +1,305 @@
+// The engine under the isolation layer: fault injection paired with fault-free twins, modes at
+// run time, strict scrubbing and quarantine. Every fault must abort only the request it hits,
+// with its typed reason, and leave every other request's tokens exactly as they are alone.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/engine.h"
+#include "core/synthetic_model.h"
+#include "isolation/audit_sink.h"
+#include "tests/core/tiny_model.h"
+
+namespace kvguard::core {
+namespace {
+
+using isolation::AuditEvent;
+using isolation::Mode;
+using isolation::ViolationKind;
+using kernels::KvDtype;
+using kernels::WeightFormat;
+
+struct Harness {
+  std::unique_ptr<Engine> engine;
+  std::shared_ptr<isolation::MemoryAuditSink> sink;
+};
+
+// Tenants "a" and "b" (enforce unless told) and "s" (strict, quarantined after 2).
+Harness Make(int pages, Mode mode_a = Mode::kEnforce, bool check_accounting = true) {
+  const TinyModel& s = Fp32Tiny();
+  KvPoolOptions po;
+  po.dtype = KvDtype::kFp32;
+  po.budget_bytes = s.model->config().KvBytesPerToken(4) * 16 * size_t(pages);
+  EngineOptions eo;
+  eo.check_accounting = check_accounting;
+  eo.decode_threads = 2;
+  eo.prefill_threads = 1;
+  Harness h;
+  h.sink = std::make_shared<isolation::MemoryAuditSink>();
+  eo.isolation.sink = h.sink;
+  eo.isolation.policy.tenants = {
+      {"a", mode_a, 3}, {"b", Mode::kEnforce, 3}, {"s", Mode::kStrict, 2}};
+  h.engine = *Engine::Create(s.model, s.tokenizer, *KvPool::Create(s.model->config(), po), eo);
+  return h;
+}
+
+GenerationRequest Greedy(const std::string& tenant, const std::string& prompt, int max_tokens) {
+  GenerationRequest r;
+  r.tenant = tenant;
+  r.prompt = Fp32Tiny().tokenizer->Encode(prompt, /*add_bos=*/true);
+  r.max_tokens = max_tokens;
+  r.stop_at_eos = false;
+  return r;
+}
+
+const std::vector<std::string> kPrompts = {"Once upon a time", "The robot", "kvguard isolation"};
+
+std::vector<int> Alone(const std::string& prompt, int max_tokens) {
+  Harness h = Make(64);
+  const RequestId id = *h.engine->Submit(Greedy("a", prompt, max_tokens));
+  return h.engine->Wait(id)->tokens;
+}
+
+std::vector<AuditEvent> Violations(const isolation::MemoryAuditSink& sink) {
+  std::vector<AuditEvent> out;
+  for (const AuditEvent& e : sink.events()) {
+    if (e.type == AuditEvent::Type::kViolation) out.push_back(e);
+  }
+  return out;
+}
+
+// Runs kPrompts (ids 1, 2, 3) under `faults`; returns their results.
+std::vector<GenerationResult> RunThree(Harness& h, const EngineFaults& faults, int max_tokens) {
+  h.engine->set_faults(faults);
+  std::vector<RequestId> ids;
+  for (const auto& p : kPrompts) ids.push_back(*h.engine->Submit(Greedy("a", p, max_tokens)));
+  std::vector<GenerationResult> results;
+  for (RequestId id : ids) results.push_back(*h.engine->Wait(id));
+  return results;
+}
+
+void ExpectPoolWhole(Engine& engine) {
+  KvPool& pool = engine.mutable_pool();
+  // Pages released during the last step wait out its epoch; the decode worker unpins right
+  // after the step, so give it a moment.
+  for (int i = 0; i < 200 && pool.table().limbo_pages() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(pool.table().CheckAccounting().ok()) << pool.table().CheckAccounting();
+  EXPECT_EQ(pool.table().free_pages(), pool.num_pages());
+}
+
+TEST(EngineIsolationTest, ReleaseDuringStepIsCaughtBeforeTheReadAndAbortsOnlyThatRequest) {
+  std::vector<std::vector<int>> alone;
+  for (const auto& p : kPrompts) alone.push_back(Alone(p, 12));
+  for (const bool fault : {false, true}) {
+    SCOPED_TRACE(fault ? "with the fault" : "twin without it");
+    Harness h = Make(64, Mode::kEnforce, /*check_accounting=*/!fault);
+    EngineFaults f;
+    if (fault) f.release_during_step = 2;
+    const std::vector<GenerationResult> r = RunThree(h, f, 12);
+    for (size_t i = 0; i < r.size(); ++i) {
+      if (fault && i == 1) {
+        EXPECT_EQ(r[i].reason, FinishReason::kAborted);
+        ASSERT_TRUE(r[i].violation.has_value());
+        EXPECT_EQ(r[i].violation->kind, ViolationKind::kKernelTagMismatch);
+        EXPECT_EQ(r[i].violation->page_index, 0);
+        EXPECT_TRUE(r[i].tokens.size() < alone[i].size());
+      } else {
+        EXPECT_EQ(r[i].reason, FinishReason::kLength);
+        EXPECT_EQ(r[i].tokens, alone[i]) << kPrompts[i];
+      }
+    }
+    EXPECT_EQ(Violations(*h.sink).size(), fault ? 1u : 0u);
+    ExpectPoolWhole(*h.engine);
+  }
+}
+
+TEST(EngineIsolationTest, DoubleReleaseIsRefusedReportedAndFreesNothingTwice) {
+  std::vector<std::vector<int>> alone;
+  for (const auto& p : kPrompts) alone.push_back(Alone(p, 8));
+  for (const bool fault : {false, true}) {
+    SCOPED_TRACE(fault ? "with the fault" : "twin without it");
+    Harness h = Make(64);
+    EngineFaults f;
+    if (fault) f.double_release = 1;
+    const std::vector<GenerationResult> r = RunThree(h, f, 8);
+    for (size_t i = 0; i < r.size(); ++i) EXPECT_EQ(r[i].tokens, alone[i]) << kPrompts[i];
+    const std::vector<AuditEvent> v = Violations(*h.sink);
+    if (fault) {
+      ASSERT_FALSE(v.empty());
+      for (const AuditEvent& e : v) {
+        EXPECT_EQ(e.violation->kind, ViolationKind::kStaleRelease);
+        EXPECT_EQ(e.request, 1u);
+        EXPECT_EQ(e.tenant, "a");
+      }
+    } else {
+      EXPECT_TRUE(v.empty());
+    }
+    ExpectPoolWhole(*h.engine);
+  }
+}
+
+TEST(EngineIsolationTest, HandoverOfACancelledRequestIsCaughtByVerification) {
+  std::vector<std::vector<int>> alone;
+  for (const auto& p : kPrompts) alone.push_back(Alone(p, 10));
+  for (const bool fault : {false, true}) {
+    SCOPED_TRACE(fault ? "with the fault" : "twin without it");
+    Harness h = Make(64, Mode::kEnforce, /*check_accounting=*/!fault);
+    EngineFaults f;
+    f.cancel_in_prefill = 2;
+    f.handover_cancelled = fault;
+    const std::vector<GenerationResult> r = RunThree(h, f, 10);
+    if (fault) {
+      EXPECT_EQ(r[1].reason, FinishReason::kAborted);
+      ASSERT_TRUE(r[1].violation.has_value());
+      // Its pages went back to the pool (and maybe to someone else) before decode saw them.
+      EXPECT_TRUE(r[1].violation->kind == ViolationKind::kStaleGeneration ||
+                  r[1].violation->kind == ViolationKind::kPageNotOwned)
+          << isolation::ViolationKindName(r[1].violation->kind);
+    } else {
+      EXPECT_EQ(r[1].reason, FinishReason::kCancelled);
+      EXPECT_FALSE(r[1].violation.has_value());
+    }
+    EXPECT_TRUE(r[1].tokens.empty() || r[1].tokens.size() == 1u);  // at most the prefill token
+    for (size_t i : {size_t{0}, size_t{2}}) {
+      EXPECT_EQ(r[i].reason, FinishReason::kLength);
+      EXPECT_EQ(r[i].tokens, alone[i]) << kPrompts[i];
+    }
+    ExpectPoolWhole(*h.engine);
+  }
+}
+
+TEST(EngineIsolationTest, APageGrantedToTwoSessionsAbortsTheOldOwnerAndSparesTheNewOne) {
+  const std::vector<int> alone_b = Alone(kPrompts[1], 16);
+  for (const bool fault : {false, true}) {
+    SCOPED_TRACE(fault ? "with the fault" : "twin without it");
+    Harness h = Make(64, Mode::kEnforce, /*check_accounting=*/!fault);
+    // A runs long; once it decodes, B arrives and (with the fault) is granted one of A's pages.
+    GenerationRequest a = Greedy("a", kPrompts[0], 400);
+    const RequestId id_a = *h.engine->Submit(std::move(a));
+    while (h.engine->stats().decode_steps < 3)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (fault) {
+      isolation::TableFaults tf;
+      tf.grant_owned_page = true;
+      h.engine->mutable_pool().table().set_faults(tf);
+    }
+    const RequestId id_b = *h.engine->Submit(Greedy("b", kPrompts[1], 16));
+    const GenerationResult rb = *h.engine->Wait(id_b);
+    EXPECT_EQ(rb.reason, FinishReason::kLength);
+    EXPECT_EQ(rb.tokens, alone_b);
+    h.engine->Cancel(id_a);
+    const GenerationResult ra = *h.engine->Wait(id_a);
+    if (fault) {
+      EXPECT_EQ(ra.reason, FinishReason::kAborted);
+      ASSERT_TRUE(ra.violation.has_value());
+      EXPECT_TRUE(ra.violation->kind == ViolationKind::kStaleGeneration ||
+                  ra.violation->kind == ViolationKind::kKernelTagMismatch)
+          << isolation::ViolationKindName(ra.violation->kind);
+      EXPECT_EQ(ra.violation->actual_owner.session, fault ? id_b : 0u);
+    } else {
+      EXPECT_TRUE(ra.reason == FinishReason::kCancelled || ra.reason == FinishReason::kLength);
+    }
+  }
+}
+
+TEST(EngineIsolationTest, ModeChangesApplyFromTheNextStepAndAreRecorded) {
+  const std::vector<int> alone = Alone(kPrompts[0], 200);
+  Harness h = Make(64, Mode::kOff);
+  const RequestId id = *h.engine->Submit(Greedy("a", kPrompts[0], 200));
+  while (h.engine->stats().decode_steps < 5)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(h.engine->guard().stats().verifications, 0) << "mode off verifies nothing";
+  ASSERT_TRUE(h.engine->guard().SetMode("a", Mode::kEnforce, "test-operator").ok());
+  const GenerationResult r = *h.engine->Wait(id);
+  EXPECT_EQ(r.tokens, alone);
+  EXPECT_GT(h.engine->guard().stats().verifications, 0) << "enforce verifies every step";
+  bool recorded = false;
+  for (const AuditEvent& e : h.sink->events()) {
+    if (e.type == AuditEvent::Type::kModeChange) {
+      recorded = true;
+      EXPECT_EQ(e.tenant, "a");
+      EXPECT_EQ(e.mode_from, "off");
+      EXPECT_EQ(e.mode_to, "enforce");
+      EXPECT_EQ(e.actor, "test-operator");
+    }
+  }
+  EXPECT_TRUE(recorded);
+}
+
+// Reads the whole pool's bytes (test only: the pool's memory starts at layer 0's K view).
+bool PoolIsAllZero(Engine& engine) {
+  const KvPool& pool = engine.pool();
+  const auto* base = static_cast<const uint8_t*>(pool.LayerView(0).k);
+  const size_t bytes = pool.page_bytes() * static_cast<size_t>(pool.num_pages());
+  for (size_t i = 0; i < bytes; ++i) {
+    if (base[i] != 0) return false;
+  }
+  return true;
+}
+
+TEST(EngineIsolationTest, StrictTenantsPagesAreScrubbedOnReleaseEnforceTenantsAreNot) {
+  for (const std::string tenant : {"s", "a"}) {
+    SCOPED_TRACE(tenant);
+    Harness h = Make(8);
+    const RequestId id = *h.engine->Submit(Greedy(tenant, kPrompts[2], 20));
+    EXPECT_EQ(h.engine->Wait(id)->reason, FinishReason::kLength);
+    ExpectPoolWhole(*h.engine);
+    EXPECT_EQ(PoolIsAllZero(*h.engine), tenant == "s");
+  }
+}
+
+TEST(EngineIsolationTest, StrictTenantIsQuarantinedAtItsLimitEnforceTenantIsNot) {
+  for (const std::string tenant : {"s", "a"}) {
+    SCOPED_TRACE(tenant);
+    Harness h = Make(64, Mode::kEnforce, /*check_accounting=*/false);
+    // Two violations (tenant s's limit), from the release-during-step fault.
+    for (RequestId id = 1; id <= 2; ++id) {
+      EngineFaults f;
+      f.release_during_step = id;
+      h.engine->set_faults(f);
+      const RequestId got = *h.engine->Submit(Greedy(tenant, kPrompts[0], 6));
+      ASSERT_EQ(got, id);
+      EXPECT_EQ(h.engine->Wait(got)->reason, FinishReason::kAborted);
+    }
+    h.engine->set_faults({});
+    absl::StatusOr<RequestId> next = h.engine->Submit(Greedy(tenant, kPrompts[0], 6));
+    if (tenant == "s") {
+      EXPECT_EQ(next.status().code(), absl::StatusCode::kPermissionDenied) << next.status();
+    } else {
+      ASSERT_TRUE(next.ok()) << next.status();
+      EXPECT_EQ(h.engine->Wait(*next)->reason, FinishReason::kLength);
+    }
+    // The other tenant is served either way.
+    const RequestId other = *h.engine->Submit(Greedy("b", kPrompts[1], 6));
+    EXPECT_EQ(h.engine->Wait(other)->reason, FinishReason::kLength);
+  }
+}
+
+TEST(EngineIsolationTest, StrictTenantIsRefusedWhileTheAuditSinkCannotRecord) {
+  Harness h = Make(64);
+  h.sink->set_failing(true);
+  EXPECT_EQ(h.engine->Submit(Greedy("s", "x", 2)).status().code(), absl::StatusCode::kUnavailable);
+  const RequestId enforce = *h.engine->Submit(Greedy("a", "x", 2));  // twin: enforce is served
+  EXPECT_EQ(h.engine->Wait(enforce)->reason, FinishReason::kLength);
+  h.sink->set_failing(false);
+  const RequestId strict = *h.engine->Submit(Greedy("s", "x", 2));
+  EXPECT_EQ(h.engine->Wait(strict)->reason, FinishReason::kLength);
+}
+
+TEST(EngineIsolationTest, UnknownTenantIsRefusedKnownTenantServed) {
+  Harness h = Make(16);
+  EXPECT_EQ(h.engine->Submit(Greedy("nobody", "x", 2)).status().code(),
+            absl::StatusCode::kNotFound);
+  const RequestId id = *h.engine->Submit(Greedy("b", "x", 2));
+  EXPECT_EQ(h.engine->Wait(id)->reason, FinishReason::kLength);
+}
+
+}  // namespace
+}  // namespace kvguard::core
