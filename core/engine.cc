@@ -356,14 +356,17 @@ void Engine::PrefillLoop() {
       status = model_->Prefill(std::span<const int>(r->tokens.data(), size_t(n)), r->pages, *pool_,
                                logits.data(), &prefill_pool_);
     }
+    // Re-verify before the first token leaves (see DecodeLoop), then unpin: the kernels are
+    // done, and pages released from here on need not wait for this step.
+    if (!violation && mode != isolation::Mode::kOff) {
+      violation = pool_->table().Verify(r->owner, r->pages);
+    }
+    pin = {};
     std::unique_lock<std::mutex> lock(mu_);
     --prefilling_;
 #if KVGUARD_FAULT_INJECTION
     if (faults_.cancel_in_prefill == r->id) r->cancelled = true;
 #endif
-    // Re-verify before the first token leaves (see DecodeLoop).
-    if (!violation && mode != isolation::Mode::kOff)
-      violation = pool_->table().Verify(r->owner, r->pages);
     if (violation) {
       AbortLocked(r, *violation);
       continue;
@@ -510,6 +513,9 @@ void Engine::DecodeLoop() {
     // pages meanwhile: only this thread finishes, preempts or grows running requests
     // (Cancel only flags them).
     const absl::Status status = model_->Decode(items, *pool_, logits.data(), &decode_pool_);
+    // The kernels are done: unpin, so pages released from here on (finished requests) are free
+    // at once. Re-verification below needs no pin: it only reads the table.
+    pin = {};
     std::unique_lock<std::mutex> lock(mu_);
     ++stats_.decode_steps;
     // Re-verify before any result leaves: a grant that changed during the step (only a
@@ -560,7 +566,6 @@ void Engine::DecodeLoop() {
       }
       if (done) running_.erase(std::find(running_.begin(), running_.end(), r));
     }
-    pin = {};  // the step is over: pages released during it may be reclaimed
     if (options_.check_accounting) CheckAccountingLocked();
   }
 }

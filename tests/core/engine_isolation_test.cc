@@ -175,7 +175,14 @@ TEST(EngineIsolationTest, HandoverOfACancelledRequestIsCaughtByVerification) {
   }
 }
 
+// The injected bug hands B a page A's in-flight step may be reading: a real data race (the
+// "known limit" in isolation/README.md: A's output for that step is discarded by the
+// post-step verification, but its kernel may load B's bytes). ThreadSanitizer rightly reports
+// it, so under TSan this scenario is skipped; the default and ASan builds run it.
 TEST(EngineIsolationTest, APageGrantedToTwoSessionsAbortsTheOldOwnerAndSparesTheNewOne) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the injected double grant is a data race by design (see comment)";
+#endif
   const std::vector<int> alone_b = Alone(kPrompts[1], 16);
   for (const bool fault : {false, true}) {
     SCOPED_TRACE(fault ? "with the fault" : "twin without it");
