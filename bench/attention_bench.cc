@@ -8,6 +8,10 @@
 //     far beyond the caches; plus batch 1 at 16384 (32 MiB FP8: latency of one long request).
 // kBytes = the K and V bytes a step must read (all kv heads, all tokens) plus the FP8 scales;
 // compare it with BM_StreamRead at the same thread count from the same run.
+//
+//   BM_PagedAttentionTagged/fp8/...   the same step with the in-kernel tag check on (every
+//     query's page ids and 16-byte page tags checked before any KV is loaded): its time over
+//     BM_PagedAttention's, from one interleaved run, is the check's cost.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -54,6 +58,9 @@ struct Step {
   std::vector<float> k_scale, v_scale, q, out;
   std::vector<int32_t> page_ids;  // [batch, ctx / kPage]
   std::vector<DecodeQuery> queries;
+  std::vector<kernels::PageTag> tags;      // [num_pages]: the pool's current tags
+  std::vector<kernels::PageTag> expected;  // [batch, ctx / kPage]: what each query expects
+  std::vector<int32_t> faults;             // [batch]
   PagedKvView view;
   size_t kv_bytes = 0;  // bytes the kernel must read per step
 
@@ -85,6 +92,12 @@ struct Step {
       queries[r].length = ctx;
       queries[r].out = out.data() + static_cast<size_t>(r) * kHeads * kDim;
     }
+
+    tags.resize(num_pages);
+    for (size_t p = 0; p < num_pages; ++p) tags[p] = kernels::PageTag{Mix(p), Mix(p + num_pages)};
+    expected.resize(page_ids.size());
+    for (size_t i = 0; i < page_ids.size(); ++i) expected[i] = tags[size_t(page_ids[i])];
+    faults.assign(static_cast<size_t>(batch), -1);
 
     view.dtype = dtype;
     view.page_size = kPage;
@@ -139,21 +152,40 @@ Step& GetStep(KvDtype dtype, int ctx, int batch) {
   return *step;
 }
 
-void BM_PagedAttention(benchmark::State& state, KvDtype dtype) {
+void RunAttention(benchmark::State& state, KvDtype dtype, bool tagged) {
   const int ctx = static_cast<int>(state.range(0));
   const int batch = static_cast<int>(state.range(1));
   const int threads = static_cast<int>(state.range(2));
   Step& step = GetStep(dtype, ctx, batch);
   kernels::ThreadPool* pool = Pool(threads);
   const float softmax_scale = 1.0f / 11.313708f;  // 1 / sqrt(128)
+  PagedKvView view = step.view;
+  std::vector<DecodeQuery> queries = step.queries;
+  if (tagged) {
+    view.page_tags = step.tags.data();
+    view.num_pages = static_cast<int32_t>(step.tags.size());
+    for (int r = 0; r < batch; ++r) {
+      queries[r].expected_tags = step.expected.data() + static_cast<size_t>(r) * (ctx / kPage);
+      queries[r].tag_fault = &step.faults[static_cast<size_t>(r)];
+    }
+  }
   for (auto _ : state) {
-    kernels::PagedDecodeAttention(step.view, kHeads, softmax_scale, step.queries.data(), batch,
-                                  pool);
+    kernels::PagedDecodeAttention(view, kHeads, softmax_scale, queries.data(), batch, pool);
     benchmark::DoNotOptimize(step.out.data());
     benchmark::ClobberMemory();
   }
+  if (tagged && *std::max_element(step.faults.begin(), step.faults.end()) >= 0) {
+    state.SkipWithError("a tag check failed on a correct pool");
+  }
   state.counters[kBytes] = benchmark::Counter(static_cast<double>(step.kv_bytes),
                                               benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_PagedAttention(benchmark::State& state, KvDtype dtype) {
+  RunAttention(state, dtype, false);
+}
+void BM_PagedAttentionTagged(benchmark::State& state, KvDtype dtype) {
+  RunAttention(state, dtype, true);
 }
 
 void Shapes(benchmark::internal::Benchmark* b) {
@@ -168,6 +200,7 @@ void Shapes(benchmark::internal::Benchmark* b) {
 BENCHMARK_CAPTURE(BM_PagedAttention, fp8, KvDtype::kFp8E4m3)->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_PagedAttention, bf16, KvDtype::kBf16)->Apply(Shapes);
 BENCHMARK_CAPTURE(BM_PagedAttention, fp32, KvDtype::kFp32)->Apply(Shapes);
+BENCHMARK_CAPTURE(BM_PagedAttentionTagged, fp8, KvDtype::kFp8E4m3)->Apply(Shapes);
 
 }  // namespace
 }  // namespace kvguard::bench

@@ -192,11 +192,19 @@ void Engine::Cancel(RequestId id) {
 
 absl::StatusOr<GenerationResult> Engine::Wait(RequestId id) {
   std::unique_lock<std::mutex> lock(mu_);
+  if (!requests_.contains(id)) return absl::NotFoundError(absl::StrCat("no request ", id));
+  // Look the request up again on every wake-up: other threads insert (which may rehash the
+  // map, so no iterator survives the wait) and another Wait on the same id may have taken the
+  // result and destroyed the request.
+  cv_.wait(lock, [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = requests_.find(id);
+    return it == requests_.end() || it->second->state == Request::State::kDone;
+  });
   auto it = requests_.find(id);
-  if (it == requests_.end()) return absl::NotFoundError(absl::StrCat("no request ", id));
-  Request* r = it->second.get();
-  cv_.wait(lock, [r] { return r->state == Request::State::kDone; });
-  GenerationResult result = std::move(r->result);
+  if (it == requests_.end()) {
+    return absl::NotFoundError(absl::StrCat("request ", id, ": result already taken"));
+  }
+  GenerationResult result = std::move(it->second->result);
   requests_.erase(it);
   return result;
 }

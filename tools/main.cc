@@ -20,6 +20,7 @@ constexpr Command kCommands[] = {
     {"generate", "generate text from a prompt on a built-in model (see --help)", RunGenerate},
     {"eval", "KL divergence / top-1 agreement of quantised configs vs FP32", RunEval},
     {"bench", "the serving benchmark (--help); `kvguard bench kernels` for the kernels", RunBench},
+    {"keys", "list, rotate or retire page-tag keys in a key file (ids, fingerprints)", RunKeys},
 };
 
 int Usage(FILE* out) {

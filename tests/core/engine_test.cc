@@ -230,5 +230,34 @@ TEST(EngineTest, FirstTokenAndGapsAreTimed) {
   EXPECT_EQ(r.token_seconds.size(), 9u);
 }
 
+// Waits from many threads while others submit (the request map rehashes meanwhile), and two
+// Waits on one request: exactly one gets the result, the other NotFound, neither crashes.
+TEST(EngineTest, ConcurrentWaitsAndSubmitsAreSafe) {
+  auto engine = MakeEngine(64);
+  const RequestId first = *engine->Submit(Greedy("shared", 30));
+  std::atomic<int> got{0}, not_found{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&] {
+      absl::StatusOr<GenerationResult> r = engine->Wait(first);
+      (r.ok() ? got : not_found).fetch_add(1);
+      if (!r.ok()) {
+        EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+      }
+    });
+  }
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 20; ++i) {
+        const RequestId id = *engine->Submit(Greedy("r" + std::to_string(t * 100 + i), 3));
+        EXPECT_EQ(engine->Wait(id)->tokens.size(), 3u);
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(got.load(), 1);
+  EXPECT_EQ(not_found.load(), 1);
+}
+
 }  // namespace
 }  // namespace kvguard::core
