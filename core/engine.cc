@@ -62,7 +62,8 @@ struct Engine::Request {
   State state = State::kWaiting;
   bool cancelled = false;
   bool admitted_once = false;
-  bool check_tags = false;  // this step: the tenant's mode is not off
+  bool verify = false;       // this step: the tenant's mode is not off
+  bool ever_strict = false;  // its tenant was strict at some point while it held pages
   Clock::time_point submitted = Clock::now();
   Clock::time_point last_token;
   GenerationResult result;
@@ -220,7 +221,10 @@ EngineStats Engine::stats() const {
 }
 
 void Engine::ReleasePagesLocked(Request* r) {
-  const bool scrub = guard_->mode(r->owner.tenant) == isolation::Mode::kStrict;
+  // Scrub if the tenant is strict now or was while these pages were held: a switch to
+  // enforce must not leave a strict tenant's KV behind.
+  const bool scrub = r->ever_strict || guard_->mode(r->owner.tenant) == isolation::Mode::kStrict;
+  r->ever_strict = false;
   int passes = 1;
 #if KVGUARD_FAULT_INJECTION
   if (faults_.double_release == r->id) passes = 2;
@@ -238,13 +242,21 @@ void Engine::ReleasePagesLocked(Request* r) {
 }
 
 void Engine::AbortLocked(Request* r, const isolation::Violation& v) {
-  guard_->Report(v, r->id);
-  r->result.violation = v;
+  guard_->Report(v, r->id);  // the full description goes to the audit sink only
+  // What the client may learn: the kind and its own page, never who owns the page now or
+  // how often it has changed hands (that would leak other tenants' activity).
+  isolation::Violation own;
+  own.kind = v.kind;
+  own.requester = v.requester;
+  own.page = v.page;
+  own.page_index = v.page_index;
+  own.expected_generation = v.expected_generation;
+  r->result.violation = own;
   r->result.reason = FinishReason::kAborted;  // before the release: see ReleasePagesLocked
   ++stats_.aborted;
   FinishLocked(r, FinishReason::kAborted,
-               absl::PermissionDeniedError(absl::StrCat("isolation violation, request aborted: ",
-                                                        isolation::DescribeViolation(v))));
+               absl::PermissionDeniedError(absl::StrCat("request aborted by isolation: ",
+                                                        isolation::ViolationKindName(v.kind))));
 }
 
 #if KVGUARD_FAULT_INJECTION
@@ -346,8 +358,12 @@ void Engine::PrefillLoop() {
         continue;
       }
       const absl::Status granted = pool_->table().GrantMany(r->owner, (n + P - 1) / P, &r->pages);
-      ABSL_RAW_CHECK(granted.ok(), "admission check and grant disagree");
+      if (!granted.ok()) {  // e.g. the tag key failed: the request fails, the engine goes on
+        FinishLocked(r, FinishReason::kError, granted);
+        continue;
+      }
       mode = guard_->mode(r->owner.tenant);
+      r->ever_strict = r->ever_strict || mode == isolation::Mode::kStrict;
       r->state = Request::State::kPrefilling;
       ++prefilling_;
       if (!r->admitted_once) {
@@ -371,6 +387,7 @@ void Engine::PrefillLoop() {
     }
     pin = {};
     std::unique_lock<std::mutex> lock(mu_);
+    cv_.notify_all();  // unpinning may have freed pages others wait for
     --prefilling_;
 #if KVGUARD_FAULT_INJECTION
     if (faults_.cancel_in_prefill == r->id) r->cancelled = true;
@@ -459,6 +476,21 @@ void Engine::DecodeLoop() {
           ++i;
           continue;
         }
+        if (!absl::IsResourceExhausted(g.status())) {  // not a dry pool: fail r alone
+          FinishLocked(r, FinishReason::kError, g.status());
+          running_.erase(running_.begin() + static_cast<ptrdiff_t>(i));
+          continue;
+        }
+        if (pool_->table().limbo_pages() > 0) {
+          // Pages are coming back as soon as the step pinning them (a prefill) ends: wait for
+          // them rather than throw away another request's KV.
+          cv_.wait(lock, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+            return stopping_ || pool_->table().free_pages() > 0 ||
+                   pool_->table().limbo_pages() == 0;
+          });
+          if (stopping_) return;
+          continue;
+        }
         Request* victim = running_.back();
         running_.pop_back();
         ReleasePagesLocked(victim);
@@ -479,8 +511,9 @@ void Engine::DecodeLoop() {
       for (size_t i = 0; i < running_.size();) {
         Request* r = running_[i];
         const isolation::Mode mode = guard_->mode(r->owner.tenant);
-        r->check_tags = mode != isolation::Mode::kOff;
-        if (r->check_tags) {
+        r->verify = mode != isolation::Mode::kOff;
+        r->ever_strict = r->ever_strict || mode == isolation::Mode::kStrict;
+        if (r->verify) {
           ++verified;
           pages_checked += static_cast<int64_t>(r->pages.size());
         }
@@ -504,8 +537,12 @@ void Engine::DecodeLoop() {
       tag_faults.assign(batch.size(), -1);
       for (size_t b = 0; b < batch.size(); ++b) {
         Request* r = batch[b];
-        items.push_back(Model::DecodeItem{r->tokens.back(), r->kv_len, r->pages, r->check_tags,
-                                          &tag_faults[b]});
+        // The kernels' tag check runs for every request, `off` tenants' included: a page an
+        // off tenant reads may by then belong to a strict one, and the strictest mode among a
+        // page's users applies. `off` skips only the table verification (and its reporting
+        // of anything but a kernel mismatch). It costs 16 bytes per page read.
+        items.push_back(Model::DecodeItem{r->tokens.back(), r->kv_len, r->pages,
+                                          /*check_tags=*/true, &tag_faults[b]});
       }
 #if KVGUARD_FAULT_INJECTION
       for (Request* r : batch) {
@@ -525,13 +562,14 @@ void Engine::DecodeLoop() {
     // at once. Re-verification below needs no pin: it only reads the table.
     pin = {};
     std::unique_lock<std::mutex> lock(mu_);
+    cv_.notify_all();  // unpinning may have freed pages others wait for
     ++stats_.decode_steps;
     // Re-verify before any result leaves: a grant that changed during the step (only a
     // broken allocator can do that under the epoch rule) discards the step's token.
     const auto post_start = Clock::now();
     post_violations.assign(batch.size(), std::nullopt);
     for (size_t b = 0; b < batch.size(); ++b) {
-      if (batch[b]->check_tags) {
+      if (batch[b]->verify) {
         post_violations[b] = pool_->table().Verify(batch[b]->owner, batch[b]->pages);
       }
     }

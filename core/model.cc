@@ -356,6 +356,16 @@ absl::Status Model::Decode(std::span<const DecodeItem> items, KvPool& pool, floa
       kernels::Rope(&s.q[size_t(b) * q_dim], c.n_heads, hd, pos, c.rope_theta);
       kernels::Rope(kt, c.n_kv_heads, hd, pos, c.rope_theta);
       if (fault[b] >= 0) continue;  // never write into a page that is not this item's
+      if (items[b].check_tags) {
+        // Checked again in every layer, right before the write: a page that changed hands
+        // during the step (only a broken allocator can do that) is never written into.
+        const int32_t last = pos / P;
+        if (kernels::LoadPageTag(pool.table().tags(), page_ids[b][size_t(last)]) !=
+            items[b].pages[size_t(last)].tag) {
+          fault[b] = last;
+          continue;
+        }
+      }
       pool.WriteToken(l, items[b].pages[static_cast<size_t>(pos / P)], pos % P, kt,
                       &s.v[size_t(b) * kv_dim]);
     }

@@ -7,6 +7,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "core/audit_log_sink.h"
 #include "core/synthetic_model.h"
 
 namespace kvguard::core {
@@ -140,6 +141,20 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const Loaded& loaded,
       return absl::NotFoundError(
           absl::StrCat("--isolation: no tenant '", options.tenant, "' in the tenant policy"));
     }
+  }
+  if (!options.audit_log_dir.empty()) {
+    const std::string key_path = options.audit_signing_key.empty()
+                                     ? options.audit_log_dir + ".signing-key"
+                                     : options.audit_signing_key;
+    absl::StatusOr<std::unique_ptr<audit::SigningKey>> key =
+        audit::SigningKey::LoadOrCreate(key_path);
+    if (!key.ok()) return key.status();
+    audit::LogOptions lo;
+    lo.dir = options.audit_log_dir;
+    lo.key = std::move(*key);
+    absl::StatusOr<std::unique_ptr<audit::AuditLog>> log = audit::AuditLog::Open(std::move(lo));
+    if (!log.ok()) return log.status();
+    eo.isolation.sink = std::make_shared<AuditLogSink>(std::move(*log));
   }
   absl::StatusOr<std::unique_ptr<KvPool>> pool = KvPool::Create(loaded.model->config(), po);
   if (!pool.ok()) return pool.status();

@@ -35,6 +35,11 @@ struct RuntimeOptions {
   std::string tenants_file;
   std::string tenant = "default";
   std::optional<isolation::Mode> isolation_mode;
+  // The audit log (audit/): a directory (empty: events stay in memory) and its Ed25519
+  // signing key file (empty: "<dir>.signing-key" beside it; kept out of the directory an
+  // auditor is handed).
+  std::string audit_log_dir;
+  std::string audit_signing_key;
 };
 
 // Loaded is a model with its tokenizer and FP8 KV scales, ready for any number of engines.

@@ -30,7 +30,9 @@ struct AuditEvent {
   };
   Type type = Type::kViolation;
   int64_t unix_nanos = 0;
-  std::string tenant;  // tenant name ("" if none)
+  std::string tenant;         // tenant name ("" if none)
+  std::string mode;           // the tenant's mode when it happened ("" if none)
+  std::string actual_tenant;  // violations: the name of the tenant that owns the page, if any
   uint64_t request = 0;
   std::optional<Violation> violation;  // kViolation
   std::string mode_from, mode_to;      // kModeChange

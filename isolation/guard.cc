@@ -71,7 +71,12 @@ Mode Guard::mode(TenantId tenant) const {
 
 absl::Status Guard::Append(AuditEvent event) {
   event.unix_nanos = UnixNanos();
-  return sink_->Append(event);
+  absl::Status s = sink_->Append(event);
+  if (s.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    strict_unrecorded_ = false;  // the sink records again
+  }
+  return s;
 }
 
 absl::Status Guard::SetMode(std::string_view tenant, Mode mode, std::string_view actor) {
@@ -83,6 +88,8 @@ absl::Status Guard::SetMode(std::string_view tenant, Mode mode, std::string_view
   e.tenant = std::string(tenant);
   e.mode_from = ModeName(this->mode(*id));
   e.mode_to = ModeName(mode);
+  // A change into or out of strict is recorded as durably as a strict tenant's events.
+  e.mode = ModeName(mode == Mode::kStrict ? mode : this->mode(*id));
   e.actor = std::string(actor);
   if (absl::Status s = Append(std::move(e)); !s.ok()) {
     return absl::Status(s.code(),
@@ -105,6 +112,7 @@ absl::StatusOr<KeyId> Guard::RotateKey(std::string_view actor) {
   e.actor = std::string(actor);
   absl::StatusOr<std::string> fp = keys_->Fingerprint(*id);
   e.key_fingerprint = fp.ok() ? *fp : "?";
+  e.detail = absl::StrCat("key id ", *id);
   if (absl::Status s = Append(std::move(e)); !s.ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.unrecorded;
@@ -112,13 +120,7 @@ absl::StatusOr<KeyId> Guard::RotateKey(std::string_view actor) {
   return id;
 }
 
-absl::Status Guard::RetireKey(KeyId id) {
-  if (const int held = table_->pages_under_key(id); held > 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "key ", id, " still tags ", held, " held pages; retire it after they are released"));
-  }
-  return keys_->Retire(id);
-}
+absl::Status Guard::RetireKey(KeyId id) { return table_->RetireKey(keys_.get(), id); }
 
 absl::Status Guard::Admit(TenantId tenant) const {
   Mode mode;
@@ -134,6 +136,15 @@ absl::Status Guard::Admit(TenantId tenant) const {
     mode = t->settings.mode;
   }
   if (mode == Mode::kStrict) {
+    bool unrecorded;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      unrecorded = strict_unrecorded_;
+    }
+    if (unrecorded) {
+      return absl::UnavailableError(
+          "strict tenant refused: a violation could not be recorded in the audit log");
+    }
     if (absl::Status s = sink_->Healthy(); !s.ok()) {
       return absl::UnavailableError(absl::StrCat(
           "strict tenant refused: the audit log cannot record violations (", s.message(), ")"));
@@ -149,9 +160,12 @@ std::optional<Violation> Guard::Verify(const Owner& owner, std::span<const PageG
     std::lock_guard<std::mutex> lock(mu_);
     const Tenant* t = FindLocked(owner.tenant);
     const bool tenant_out = t != nullptr && t->quarantined;
-    if (tenant_out || quarantined_sessions_.contains(owner.session)) {
+    const bool session_out = quarantined_sessions_.contains(owner.session);
+    if (tenant_out || session_out || strict_unrecorded_) {
       Violation v;
-      v.kind = tenant_out ? ViolationKind::kTenantQuarantined : ViolationKind::kSessionQuarantined;
+      v.kind = tenant_out    ? ViolationKind::kTenantQuarantined
+               : session_out ? ViolationKind::kSessionQuarantined
+                             : ViolationKind::kAuditUnavailable;
       v.requester = owner;
       return v;
     }
@@ -160,7 +174,7 @@ std::optional<Violation> Guard::Verify(const Owner& owner, std::span<const PageG
 }
 
 void Guard::Report(const Violation& v, uint64_t request) {
-  std::string name;
+  std::string name, actual;
   Mode mode = Mode::kEnforce;
   bool quarantine_tenant = false;
   int violations = 0;
@@ -169,11 +183,16 @@ void Guard::Report(const Violation& v, uint64_t request) {
     ++stats_.violations;
     Tenant* t = FindLocked(v.requester.tenant);
     name = t == nullptr ? "?" : t->settings.name;
+    if (v.actual_owner.session != kNoSession) {
+      const Tenant* owner = FindLocked(v.actual_owner.tenant);
+      actual = owner == nullptr ? "?" : owner->settings.name;
+    }
+    if (t != nullptr) mode = t->settings.mode;
     ++stats_.by_tenant_reason[{name, ViolationKindName(v.kind)}];
-    const bool repeat =
-        v.kind == ViolationKind::kTenantQuarantined || v.kind == ViolationKind::kSessionQuarantined;
+    const bool repeat = v.kind == ViolationKind::kTenantQuarantined ||
+                        v.kind == ViolationKind::kSessionQuarantined ||
+                        v.kind == ViolationKind::kAuditUnavailable;
     if (t != nullptr && !repeat) {
-      mode = t->settings.mode;
       ++t->violations;
       if (mode == Mode::kStrict) {
         quarantined_sessions_.insert(v.requester.session);
@@ -187,14 +206,20 @@ void Guard::Report(const Violation& v, uint64_t request) {
   AuditEvent e;
   e.type = AuditEvent::Type::kViolation;
   e.tenant = name;
+  e.mode = ModeName(mode);
+  e.actual_tenant = actual;
   e.request = request;
   e.violation = v;
+  const bool repeat = v.kind == ViolationKind::kTenantQuarantined ||
+                      v.kind == ViolationKind::kSessionQuarantined ||
+                      v.kind == ViolationKind::kAuditUnavailable;
   int unrecorded = !Append(e).ok();
-  if (mode == Mode::kStrict) {
+  if (mode == Mode::kStrict && !repeat) {
     const int pages = table_->QuarantineSession(v.requester);
     AuditEvent q;
     q.type = AuditEvent::Type::kSessionQuarantined;
     q.tenant = name;
+    q.mode = e.mode;
     q.request = request;
     q.violation = v;
     q.detail = absl::StrCat(pages, " pages quarantined");
@@ -204,6 +229,7 @@ void Guard::Report(const Violation& v, uint64_t request) {
     AuditEvent q;
     q.type = AuditEvent::Type::kTenantQuarantined;
     q.tenant = name;
+    q.mode = e.mode;
     q.request = request;
     q.detail = absl::StrCat(violations, " violations");
     unrecorded += !Append(std::move(q)).ok();
@@ -211,6 +237,8 @@ void Guard::Report(const Violation& v, uint64_t request) {
   if (unrecorded > 0) {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.unrecorded += unrecorded;
+    // Fail closed (P3): strict tenants are served no more until the sink records again.
+    if (mode == Mode::kStrict) strict_unrecorded_ = true;
   }
 }
 

@@ -127,6 +127,9 @@ class Guard {
   std::vector<Tenant> tenants_ ABSL_GUARDED_BY(mu_);  // id = index + 1
   // Strict sessions quarantined at their first violation: served no more.
   absl::flat_hash_set<SessionId> quarantined_sessions_ ABSL_GUARDED_BY(mu_);
+  // A strict tenant's violation could not be recorded: strict requests are refused and
+  // aborted (kAuditUnavailable) until an append succeeds again.
+  bool strict_unrecorded_ ABSL_GUARDED_BY(mu_) = false;
   GuardStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -299,6 +299,21 @@ PageState OwnershipTable::state(int32_t page) const {
   return pages_[static_cast<size_t>(page)].state;
 }
 
+absl::Status OwnershipTable::RetireKey(TagKeyRing* ring, KeyId id) {
+  ABSL_RAW_CHECK(ring == keys_, "RetireKey: not this table's key ring");
+  std::lock_guard<std::mutex> lock(mu_);
+  int held = 0;
+  for (const Page& page : pages_) {
+    held += (page.state == PageState::kOwned || page.state == PageState::kQuarantined) &&
+            page.key_id == id;
+  }
+  if (held > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "key ", id, " still tags ", held, " held pages; retire it after they are released"));
+  }
+  return ring->Retire(id);
+}
+
 int OwnershipTable::pages_under_key(KeyId id) const {
   std::lock_guard<std::mutex> lock(mu_);
   int n = 0;

@@ -130,6 +130,11 @@ class OwnershipTable {
   // pages_under_key counts owned and quarantined pages whose tag was derived with key `id`.
   int pages_under_key(KeyId id) const;
 
+  // RetireKey retires key `id` of `ring` (the table's own ring) if no held page was granted
+  // under it: FailedPrecondition naming how many are, else TagKeyRing::Retire's result. Under
+  // the table's lock, so no grant can pick the key up in between.
+  absl::Status RetireKey(TagKeyRing* ring, KeyId id);
+
   // CheckAccounting returns Internal when free + owned + quarantined + limbo != total, a page
   // is on the free list twice or while not free, or a free page has a non-zero tag.
   absl::Status CheckAccounting() const;

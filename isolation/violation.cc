@@ -28,6 +28,8 @@ const char* ViolationKindName(ViolationKind kind) {
       return "session_quarantined";
     case ViolationKind::kTenantQuarantined:
       return "tenant_quarantined";
+    case ViolationKind::kAuditUnavailable:
+      return "audit_unavailable";
   }
   return "unknown";
 }

@@ -37,6 +37,7 @@ enum class ViolationKind : uint8_t {
   kKernelTagMismatch,    // the attention kernel's own tag check failed (after verification)
   kSessionQuarantined,   // (strict) the session had a violation before; it is served no more
   kTenantQuarantined,    // (strict) the tenant reached its violation limit
+  kAuditUnavailable,     // (strict) a violation could not be recorded: served no more until one is
 };
 
 // ViolationKindName returns the stable snake_case name used in audit records and metrics.

@@ -8,7 +8,7 @@
 // Two measures per mode: end-to-end (tokens/s and p99 time between tokens, i.e. the step
 // latency a request sees), whose ratios carry the machine's noise; and the direct one, the
 // time the engine spends verifying per step (GuardStats) as a share of the step time, which
-// does not. The strict mode's extra cost (zeroing released pages) shows in its own column.
+// does not. The strict mode's extra cost (zeroing released pages) shows in its own rows.
 #include <algorithm>
 #include <cstdio>
 #include <fstream>

@@ -23,7 +23,10 @@ const char kEngineFlagsHelp[] =
     "                               in enforce mode)\n"
     "  --tenant NAME                the tenant this command's requests run as (default\n"
     "                               'default')\n"
-    "  --isolation MODE             off | enforce | strict: this tenant's mode\n";
+    "  --isolation MODE             off | enforce | strict: this tenant's mode\n"
+    "  --audit-log DIR              write the tamper-evident audit log there\n"
+    "  --audit-signing-key PATH     its Ed25519 key (default DIR.signing-key; created\n"
+    "                               with mode 0600 if absent)\n";
 
 bool Args::Flag(const std::string& name) {
   if (done()) return false;
@@ -135,6 +138,14 @@ bool ParseEngineFlag(Args& a, core::RuntimeOptions* o, absl::Status* status) {
   }
   if (a.Flag("--tenants")) {
     *status = a.Value(&o->tenants_file);
+    return true;
+  }
+  if (a.Flag("--audit-log")) {
+    *status = a.Value(&o->audit_log_dir);
+    return true;
+  }
+  if (a.Flag("--audit-signing-key")) {
+    *status = a.Value(&o->audit_signing_key);
     return true;
   }
   if (a.Flag("--tenant")) {

@@ -19,7 +19,8 @@ namespace attention_internal {
 const DecodeQuery* CheckTags(const PagedKvView& kv, int num_heads, const DecodeQuery* queries,
                              int num_queries, std::vector<DecodeQuery>* live, int* count) {
   *count = num_queries;
-  if (kv.page_tags == nullptr) return queries;
+  // Bad shapes are left to the callers' CHECKs, which follow (and name the problem).
+  if (kv.page_tags == nullptr || kv.page_size < 1) return queries;
   std::vector<bool> failed;
   for (int r = 0; r < num_queries; ++r) {
     const DecodeQuery& q = queries[r];

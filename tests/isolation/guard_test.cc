@@ -585,5 +585,23 @@ TEST_F(GuardTest, RotateKeyIsRefusedWhileItCannotBeRecorded) {
   EXPECT_NE(guard_->keys().active_id(), before);
 }
 
+// P3, fail closed: once a strict tenant's violation could not be recorded, strict requests
+// are refused and aborted until the sink records again; enforce tenants are served throughout.
+TEST_F(GuardTest, StrictTenantIsServedNoMoreAfterAnUnrecordedViolation) {
+  const PageGrant g = MustGrant(kAcme1);
+  const PageGrant other = MustGrant(kAcme2);
+  sink_->set_failing(true);
+  guard_->Report(ViolationOf(kAcme1, Forge(g)), 1);
+  sink_->set_failing(false);  // the probe passes again, but nothing has been recorded since
+  EXPECT_EQ(guard_->Admit(kAcme).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(Verify(kAcme2, other, Mode::kStrict), "audit_unavailable");
+  EXPECT_TRUE(guard_->Admit(kBeta).ok());  // twin: an enforce tenant is served
+  EXPECT_EQ(Verify(kBeta1, MustGrant(kBeta1), Mode::kEnforce), "ok");
+  // The next event that is recorded (here an operator's mode change) lifts it.
+  ASSERT_TRUE(guard_->SetMode("beta", Mode::kEnforce, "root").ok());
+  EXPECT_TRUE(guard_->Admit(kAcme).ok());
+  EXPECT_EQ(Verify(kAcme2, other, Mode::kStrict), "ok");
+}
+
 }  // namespace
 }  // namespace kvguard::isolation

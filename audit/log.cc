@@ -1,0 +1,408 @@
+#include "audit/log.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "openssl/rand.h"
+
+namespace kvguard::audit {
+namespace {
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+int64_t MonotonicMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+absl::Status Errno(std::string_view what, const std::string& path) {
+  return absl::ErrnoToStatus(errno, absl::StrCat(std::string(what), " ", path));
+}
+
+absl::StatusOr<std::string> RandomHex(size_t bytes) {
+  std::string raw(bytes, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(raw.data()), static_cast<int>(bytes)) != 1) {
+    return absl::InternalError("audit log: RAND_bytes failed");
+  }
+  return absl::BytesToHexString(raw);
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Errno("open", path);
+  std::string data;
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const absl::Status s = Errno("read", path);
+      close(fd);
+      return s;
+    }
+    if (n == 0) break;
+    data.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return data;
+}
+
+// WriteAll writes `data` to fd, retrying short writes. Returns the errno status of a failure.
+absl::Status WriteAll(int fd, std::string_view data, const std::string& path) {
+  while (!data.empty()) {
+    const ssize_t n = write(fd, data.data(), data.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Errno("write", path);
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FsyncDir(const std::string& dir) {
+  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Errno("open directory", dir);
+  const int rc = fsync(fd);
+  close(fd);
+  if (rc != 0) return Errno("fsync directory", dir);
+  return absl::OkStatus();
+}
+
+// WriteNewFile creates `path` (must not exist) with `data`, mode 0600, and fsyncs it.
+absl::Status WriteNewFile(const std::string& path, std::string_view data) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return Errno("create", path);
+  absl::Status s = WriteAll(fd, data, path);
+  if (s.ok() && fsync(fd) != 0) s = Errno("fsync", path);
+  close(fd);
+  return s;
+}
+
+// LogFiles returns the indexes of the audit-NNNNNN.jsonl files in `dir`, ascending.
+absl::StatusOr<std::vector<int>> LogFiles(const std::string& dir) {
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return Errno("open directory", dir);
+  std::vector<int> out;
+  while (dirent* e = readdir(d)) {
+    const std::string_view name = e->d_name;
+    int index = 0;
+    if (name.starts_with("audit-") && name.ends_with(".jsonl") && name.size() > 12 &&
+        std::sscanf(e->d_name, "audit-%d.jsonl", &index) == 1 && index > 0 &&
+        FileName(index) == name) {
+      out.push_back(index);
+    }
+  }
+  closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+constexpr std::string_view kCheckpointPrefix = "{\"v\":1,\"type\":\"checkpoint\"";
+
+}  // namespace
+
+std::string FileName(int index) { return absl::StrFormat("audit-%06d.jsonl", index); }
+
+absl::StatusOr<std::unique_ptr<AuditLog>> AuditLog::Open(LogOptions options) {
+  if (options.dir.empty()) return absl::InvalidArgumentError("audit log: no directory");
+  if (options.key == nullptr) return absl::InvalidArgumentError("audit log: no signing key");
+  if (options.checkpoint_every < 1 || options.batch_records < 1 || options.rotate_bytes < 4096 ||
+      options.checkpoint_interval_ms < 1 || options.batch_interval_ms < 1) {
+    return absl::InvalidArgumentError(
+        "audit log: checkpoint_every, batch_records and intervals must be >= 1, rotate_bytes "
+        ">= 4096");
+  }
+  if (options.instance.empty()) {
+    absl::StatusOr<std::string> id = RandomHex(8);
+    if (!id.ok()) return id.status();
+    options.instance = *id;
+  }
+  if (mkdir(options.dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return Errno("audit log: create directory", options.dir);
+  }
+  std::unique_ptr<AuditLog> log(new AuditLog(std::move(options)));
+  if (absl::Status s = log->Recover(); !s.ok()) return s;
+  {
+    std::lock_guard<std::mutex> lock(log->mu_);
+    Event start;
+    start.type = "service_start";
+    start.detail = absl::StrCat("instance ", log->options_.instance);
+    if (absl::Status s = log->AppendLocked(std::move(start)); !s.ok()) return s;
+    if (absl::Status s = log->FlushLocked(); !s.ok()) return s;
+  }
+  log->flusher_ = std::thread([l = log.get()] { l->FlusherLoop(); });
+  return log;
+}
+
+absl::Status AuditLog::Recover() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string id_path = options_.dir + "/log-id";
+  if (absl::StatusOr<std::string> id = ReadFile(id_path); id.ok()) {
+    log_id_ = std::string(absl::StripTrailingAsciiWhitespace(*id));
+    if (log_id_.size() != 32) {
+      return absl::DataLossError(absl::StrCat("audit log: ", id_path, " is not a 32-hex log id"));
+    }
+  } else {
+    absl::StatusOr<std::string> fresh = RandomHex(16);
+    if (!fresh.ok()) return fresh.status();
+    log_id_ = *fresh;
+    if (absl::Status s = WriteNewFile(id_path, log_id_ + "\n"); !s.ok()) return s;
+    if (absl::Status s = FsyncDir(options_.dir); !s.ok()) return s;
+  }
+  absl::StatusOr<std::vector<int>> files = LogFiles(options_.dir);
+  if (!files.ok()) return files.status();
+  if (files->empty()) return OpenFileLocked(1);
+  for (size_t i = 0; i < files->size(); ++i) {
+    if ((*files)[i] != static_cast<int>(i) + 1) {
+      return absl::DataLossError(absl::StrCat("audit log: ", FileName(static_cast<int>(i) + 1),
+                                              " is missing from ", options_.dir,
+                                              " (run kvguard audit verify)"));
+    }
+  }
+  std::optional<Event> recovery;
+  for (int index : *files) {
+    const std::string path = options_.dir + "/" + FileName(index);
+    absl::StatusOr<std::string> data = ReadFile(path);
+    if (!data.ok()) return data.status();
+    const bool newest = index == files->back();
+    size_t pos = 0;
+    while (pos < data->size()) {
+      const size_t nl = data->find('\n', pos);
+      const std::string_view line = std::string_view(*data).substr(
+          pos, nl == std::string::npos ? std::string::npos : nl - pos);
+      bool ok = nl != std::string::npos;
+      const bool checkpoint = line.starts_with(kCheckpointPrefix);
+      if (ok && !checkpoint) {
+        // The tree and chain need every record; full parsing (canonical form, hash) only
+        // where it decides anything: the newest file's last line, which may be torn.
+        const bool last = newest && nl + 1 == data->size();
+        if (last) {
+          absl::StatusOr<Line> parsed = ParseLine(line);
+          ok = parsed.ok() && parsed->hash_ok && parsed->seq == seq_ && parsed->prev == head_;
+          if (ok) head_ = parsed->hash;
+        } else {
+          const size_t cut = line.rfind(",\"hash\":\"");
+          absl::StatusOr<Hash> h = cut == std::string_view::npos
+                                       ? absl::InvalidArgumentError("no hash")
+                                       : HashFromHex(line.substr(cut + 9, 64));
+          ok = h.ok();
+          if (ok) head_ = *h;
+        }
+        if (ok) {
+          tree_.Append(LeafHash(line));
+          ++seq_;
+        }
+      }
+      if (!ok) {
+        if (!newest || (nl != std::string::npos && nl + 1 != data->size())) {
+          return absl::DataLossError(absl::StrCat(
+              "audit log: ", path, " is damaged at byte ", pos,
+              " before its tail; not writing on top of it (run kvguard audit verify)"));
+        }
+        // A torn tail: set it aside, cut the file back, and say so in the chain.
+        const std::string aside = absl::StrCat(options_.dir, "/torn-", NowNs(), ".bin");
+        if (absl::Status s = WriteNewFile(aside, std::string_view(*data).substr(pos)); !s.ok()) {
+          return s;
+        }
+        if (truncate(path.c_str(), static_cast<off_t>(pos)) != 0) return Errno("truncate", path);
+        stats_.recovered_bytes = data->size() - pos;
+        Event e;
+        e.type = "recovery";
+        e.detail = absl::StrCat("set aside ", data->size() - pos, " bytes of a torn record from ",
+                                FileName(index), " at byte ", pos, " into ",
+                                aside.substr(options_.dir.size() + 1));
+        recovery = std::move(e);
+        break;
+      }
+      pos = nl + 1;
+    }
+  }
+  stats_.records = seq_;
+  if (absl::Status s = OpenFileLocked(files->back()); !s.ok()) return s;
+  if (recovery) {
+    if (absl::Status s = AppendLocked(std::move(*recovery)); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AuditLog::OpenFileLocked(int index) {
+  const std::string path = options_.dir + "/" + FileName(index);
+  const int fd = open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return Errno("open", path);
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    const absl::Status s = Errno("fstat", path);
+    close(fd);
+    return s;
+  }
+  if (fd_ >= 0) close(fd_);
+  fd_ = fd;
+  file_index_ = index;
+  file_bytes_ = static_cast<uint64_t>(st.st_size);
+  stats_.files = index;
+  return FsyncDir(options_.dir);
+}
+
+absl::Status AuditLog::Append(Event event) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return absl::FailedPreconditionError("audit log is closed");
+  return AppendLocked(std::move(event));
+}
+
+absl::Status AuditLog::AppendLocked(Event event) {
+  if (!IsEventType(event.type)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown audit event type '", event.type, "'"));
+  }
+  if (event.time_ns == 0) event.time_ns = NowNs();
+  const bool durable = event.durable;
+  Hash hash;
+  const std::string line = FormatRecord(event, seq_, options_.instance, head_, &hash);
+  tree_.Append(LeafHash(line));
+  head_ = hash;
+  ++seq_;
+  ++stats_.records;
+  ++since_checkpoint_;
+  pending_.append(line).push_back('\n');
+  ++pending_records_;
+  absl::Status s;
+  if (since_checkpoint_ >= options_.checkpoint_every) {
+    s = CheckpointLocked();
+  } else if (durable || pending_records_ >= options_.batch_records) {
+    s = FlushLocked();
+  }
+  if (s.ok() && event.type != "log_rotation" &&
+      file_bytes_ + pending_.size() >= options_.rotate_bytes) {
+    s = RotateLocked();
+  }
+  return s;
+}
+
+absl::Status AuditLog::FlushLocked() {
+  if (pending_.empty()) return health_;
+  const std::string path = options_.dir + "/" + FileName(file_index_);
+  absl::Status s = WriteAll(fd_, pending_, path);
+  if (s.ok() && fsync(fd_) != 0) s = Errno("fsync", path);
+  if (!s.ok()) {
+    // Cut back whatever part of the batch reached the file, so that the retry does not leave
+    // a torn line in the middle of the log; the batch stays pending.
+    if (ftruncate(fd_, static_cast<off_t>(file_bytes_)) != 0) { /* the next Open recovers */
+    }
+    ++stats_.write_errors;
+    if (stats_.write_errors % 1000 == 1) {
+      std::fprintf(stderr, "kvguard: AUDIT LOG CANNOT BE WRITTEN (%s); %llu records pending\n",
+                   std::string(s.message()).c_str(),
+                   static_cast<unsigned long long>(pending_records_));
+    }
+    health_ = absl::UnavailableError(absl::StrCat("audit log: ", s.message()));
+    return health_;
+  }
+  ++stats_.fsyncs;
+  file_bytes_ += pending_.size();
+  pending_.clear();
+  pending_records_ = 0;
+  health_ = absl::OkStatus();
+  return health_;
+}
+
+absl::Status AuditLog::CheckpointLocked() {
+  audit::Checkpoint c;
+  c.log_id = log_id_;
+  c.size = seq_;
+  c.head = head_;
+  c.root = tree_.Root();
+  c.time_ns = NowNs();
+  c.key_fp = options_.key->Fingerprint();
+  absl::StatusOr<std::string> sig =
+      options_.key->Sign(CheckpointMessage(c.log_id, c.size, c.head, c.root));
+  if (!sig.ok()) return sig.status();
+  c.sig = *std::move(sig);
+  pending_.append(FormatCheckpoint(c)).push_back('\n');
+  since_checkpoint_ = 0;
+  last_checkpoint_ms_ = MonotonicMs();
+  ++stats_.checkpoints;
+  return FlushLocked();
+}
+
+absl::Status AuditLog::RotateLocked() {
+  Event e;
+  e.type = "log_rotation";
+  e.detail = FileName(file_index_ + 1);
+  if (absl::Status s = AppendLocked(std::move(e)); !s.ok()) return s;
+  if (absl::Status s = FlushLocked(); !s.ok()) return s;
+  return OpenFileLocked(file_index_ + 1);
+}
+
+absl::Status AuditLog::Flush() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return FlushLocked();
+}
+
+absl::Status AuditLog::Checkpoint() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return CheckpointLocked();
+}
+
+absl::Status AuditLog::Healthy() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return health_;
+}
+
+LogStats AuditLog::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void AuditLog::FlusherLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!closed_) {
+    cv_.wait_for(lock, std::chrono::milliseconds(options_.batch_interval_ms));
+    if (closed_) break;
+    if (since_checkpoint_ > 0 &&
+        MonotonicMs() - last_checkpoint_ms_ >= options_.checkpoint_interval_ms) {
+      CheckpointLocked().IgnoreError();  // health_ records a failure
+    } else if (!pending_.empty()) {
+      FlushLocked().IgnoreError();
+    }
+  }
+}
+
+absl::Status AuditLog::Close() {
+  absl::Status s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return absl::OkStatus();
+    Event stop;
+    stop.type = "service_stop";
+    stop.detail = absl::StrCat("instance ", options_.instance);
+    s = AppendLocked(std::move(stop));
+    if (s.ok()) s = CheckpointLocked();
+    closed_ = true;
+    cv_.notify_all();
+  }
+  if (flusher_.joinable()) flusher_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (fd_ >= 0) close(fd_);
+  fd_ = -1;
+  return s;
+}
+
+AuditLog::~AuditLog() { Close().IgnoreError(); }
+
+}  // namespace kvguard::audit

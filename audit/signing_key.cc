@@ -1,0 +1,545 @@
+#include "audit/signing_key.h"
+
+#include <fcntl.h>
+#include <openssl/bio.h>
+#include <openssl/crypto.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <string_view>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace kvguard::audit {
+namespace {
+
+// An Ed25519 PKCS#8 PEM file is 119 bytes; this leaves room for whitespace and line endings
+// while refusing to read a large file someone pointed us at by mistake.
+constexpr size_t kMaxKeyFileBytes = 64 * 1024;
+constexpr char kPrivateKeyLabel[] = "PRIVATE KEY";
+constexpr char kEncryptedPrivateKeyLabel[] = "ENCRYPTED PRIVATE KEY";
+constexpr char kPublicKeyLabel[] = "PUBLIC KEY";
+
+struct PkeyFree {
+  void operator()(EVP_PKEY* p) const { EVP_PKEY_free(p); }
+};
+struct PkeyCtxFree {
+  void operator()(EVP_PKEY_CTX* p) const { EVP_PKEY_CTX_free(p); }
+};
+struct MdCtxFree {
+  void operator()(EVP_MD_CTX* p) const { EVP_MD_CTX_free(p); }
+};
+struct BioFree {
+  void operator()(BIO* p) const { BIO_free(p); }
+};
+struct Pkcs8Free {
+  void operator()(PKCS8_PRIV_KEY_INFO* p) const { PKCS8_PRIV_KEY_INFO_free(p); }
+};
+using PkeyPtr = std::unique_ptr<EVP_PKEY, PkeyFree>;
+using PkeyCtxPtr = std::unique_ptr<EVP_PKEY_CTX, PkeyCtxFree>;
+using MdCtxPtr = std::unique_ptr<EVP_MD_CTX, MdCtxFree>;
+using BioPtr = std::unique_ptr<BIO, BioFree>;
+using Pkcs8Ptr = std::unique_ptr<PKCS8_PRIV_KEY_INFO, Pkcs8Free>;
+
+// OpenSslError returns Internal for a failed OpenSSL call `what`, after clearing this thread's
+// OpenSSL error queue so that the failure does not surface later in an unrelated caller.
+absl::Status OpenSslError(absl::string_view what) {
+  ERR_clear_error();
+  return absl::InternalError(absl::StrCat("OpenSSL: ", what, " failed"));
+}
+
+// SecretBuffer is a string that holds key material: its capacity is reserved up front so no
+// reallocation leaves a copy behind, and it is cleansed when destroyed.
+class SecretBuffer {
+ public:
+  explicit SecretBuffer(size_t capacity) { s_.reserve(capacity); }
+  SecretBuffer(const SecretBuffer&) = delete;
+  SecretBuffer& operator=(const SecretBuffer&) = delete;
+  ~SecretBuffer() {
+    s_.resize(s_.capacity());  // within capacity: no reallocation
+    OPENSSL_cleanse(s_.data(), s_.size());
+  }
+  std::string& str() { return s_; }
+
+ private:
+  std::string s_;
+};
+
+// PemBlock is one PEM block read by PEM_read_bio_ex into OpenSSL's secure heap (a plain
+// allocation when the process has none); the decoded bytes are cleansed when it is destroyed.
+struct PemBlock {
+  PemBlock() = default;
+  PemBlock(const PemBlock&) = delete;
+  PemBlock& operator=(const PemBlock&) = delete;
+  ~PemBlock() {
+    OPENSSL_secure_free(name);
+    OPENSSL_secure_free(header);
+    OPENSSL_secure_clear_free(data, data_len > 0 ? static_cast<size_t>(data_len) : 0);
+  }
+
+  char* name = nullptr;
+  char* header = nullptr;
+  unsigned char* data = nullptr;
+  long data_len = 0;
+};
+
+bool IsAsciiSpace(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
+
+bool OnlyWhitespace(absl::string_view s) {
+  for (char c : s) {
+    if (!IsAsciiSpace(c)) return false;
+  }
+  return true;
+}
+
+// ReadOnePem returns whether `text` is exactly one PEM block without headers, whitespace around
+// it allowed, filling `block`. PEM_read_bio alone would skip any text before the block and
+// ignore any after it (a second key, say); a key file holds one thing.
+bool ReadOnePem(absl::string_view text, PemBlock& block) {
+  size_t start = 0;
+  while (start < text.size() && IsAsciiSpace(text[start])) ++start;
+  if (text.substr(start).rfind("-----BEGIN ", 0) != 0) return false;
+  if (text.size() > static_cast<size_t>(INT32_MAX)) return false;
+  BioPtr bio(BIO_new_mem_buf(text.data(), static_cast<int>(text.size())));
+  if (bio == nullptr) return false;
+  if (PEM_read_bio_ex(bio.get(), &block.name, &block.header, &block.data, &block.data_len,
+                      PEM_FLAG_SECURE | PEM_FLAG_ONLY_B64) != 1) {
+    ERR_clear_error();
+    return false;
+  }
+  char* rest = nullptr;
+  const long rest_len = BIO_get_mem_data(bio.get(), &rest);
+  return rest_len <= 0 || OnlyWhitespace(absl::string_view(rest, static_cast<size_t>(rest_len)));
+}
+
+void AppendHex(const uint8_t* bytes, size_t n, std::string& out) {
+  static constexpr char kHexDigits[] = "0123456789abcdef";
+  for (size_t i = 0; i < n; ++i) {
+    out.push_back(kHexDigits[bytes[i] >> 4]);
+    out.push_back(kHexDigits[bytes[i] & 15]);
+  }
+}
+
+// FingerprintOfRaw returns the fingerprint of the raw public key `raw` (signing_key.h, top).
+absl::StatusOr<std::string> FingerprintOfRaw(absl::string_view raw) {
+  uint8_t digest[EVP_MAX_MD_SIZE];
+  unsigned int digest_len = 0;
+  if (EVP_Digest(raw.data(), raw.size(), digest, &digest_len, EVP_sha256(), nullptr) != 1 ||
+      digest_len != 32) {
+    return OpenSslError("SHA-256");
+  }
+  std::string hex;
+  AppendHex(digest, 8, hex);
+  return hex;
+}
+
+// RawPublicKey returns the raw 32-byte public key of the Ed25519 key `pkey`.
+absl::StatusOr<std::string> RawPublicKey(const EVP_PKEY* pkey) {
+  std::string raw(kEd25519PublicKeyBytes, '\0');
+  size_t len = raw.size();
+  if (EVP_PKEY_get_raw_public_key(pkey, reinterpret_cast<uint8_t*>(raw.data()), &len) != 1 ||
+      len != kEd25519PublicKeyBytes) {
+    return OpenSslError("EVP_PKEY_get_raw_public_key");
+  }
+  return raw;
+}
+
+// PublicKeyPemOf returns the SubjectPublicKeyInfo PEM of `pkey`.
+absl::StatusOr<std::string> PublicKeyPemOf(const EVP_PKEY* pkey) {
+  BioPtr bio(BIO_new(BIO_s_mem()));
+  if (bio == nullptr || PEM_write_bio_PUBKEY(bio.get(), pkey) != 1) {
+    return OpenSslError("PEM_write_bio_PUBKEY");
+  }
+  char* data = nullptr;
+  const long len = BIO_get_mem_data(bio.get(), &data);
+  if (len <= 0) return OpenSslError("PEM_write_bio_PUBKEY");
+  return std::string(data, static_cast<size_t>(len));
+}
+
+// NewEd25519Key returns a fresh Ed25519 key from OpenSSL's CSPRNG.
+absl::StatusOr<PkeyPtr> NewEd25519Key() {
+  PkeyCtxPtr ctx(EVP_PKEY_CTX_new_id(EVP_PKEY_ED25519, nullptr));
+  EVP_PKEY* pkey = nullptr;
+  if (ctx == nullptr || EVP_PKEY_keygen_init(ctx.get()) != 1 ||
+      EVP_PKEY_keygen(ctx.get(), &pkey) != 1) {
+    return OpenSslError("Ed25519 key generation");
+  }
+  return PkeyPtr(pkey);
+}
+
+// ParsePrivateKeyPem returns the Ed25519 key in `text`, the contents of key file `path`, or
+// InvalidArgument naming `path`. Messages never quote `text`, which holds the key.
+absl::StatusOr<PkeyPtr> ParsePrivateKeyPem(const std::string& path, absl::string_view text) {
+  auto bad = [&path](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("signing key file ", path, ": ", why));
+  };
+  if (OnlyWhitespace(text)) {
+    return bad(
+        "is empty (left by a crash while it was being created?); if no log was signed with it, "
+        "remove it and a new key is created");
+  }
+  PemBlock block;
+  if (!ReadOnePem(text, block)) {
+    return bad("not a single PEM block (expected one '-----BEGIN PRIVATE KEY-----' block)");
+  }
+  if (strcmp(block.name, kEncryptedPrivateKeyLabel) == 0) {
+    return bad("the key is encrypted; store it unencrypted, with mode 0600");
+  }
+  if (strcmp(block.name, kPrivateKeyLabel) != 0) {
+    return bad("not a PKCS#8 private key (expected '-----BEGIN PRIVATE KEY-----')");
+  }
+  const unsigned char* p = block.data;
+  Pkcs8Ptr p8(d2i_PKCS8_PRIV_KEY_INFO(nullptr, &p, block.data_len));
+  if (p8 == nullptr || p != block.data + block.data_len) {
+    ERR_clear_error();
+    return bad("malformed PKCS#8 private key");
+  }
+  PkeyPtr pkey(EVP_PKCS82PKEY(p8.get()));
+  if (pkey == nullptr) {
+    ERR_clear_error();
+    return bad("malformed or unsupported PKCS#8 private key");
+  }
+  if (EVP_PKEY_get_id(pkey.get()) != EVP_PKEY_ED25519) {
+    const char* type = EVP_PKEY_get0_type_name(pkey.get());
+    return bad(absl::StrCat("key type ", type != nullptr ? type : "unknown",
+                            ", but the audit log signs with Ed25519 only"));
+  }
+  return pkey;
+}
+
+// ParsePublicKeyPem returns the Ed25519 key in `pem` (VerifyingKey::FromPem), or
+// InvalidArgument whose message starts with `context`.
+absl::StatusOr<PkeyPtr> ParsePublicKeyPem(absl::string_view pem, absl::string_view context) {
+  auto bad = [context](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(context, ": ", why));
+  };
+  PemBlock block;
+  if (!ReadOnePem(pem, block)) {
+    return bad("not a single PEM block (expected one '-----BEGIN PUBLIC KEY-----' block)");
+  }
+  // "PRIVATE KEY", "ENCRYPTED PRIVATE KEY", "RSA PRIVATE KEY", ...
+  if (absl::EndsWith(block.name, kPrivateKeyLabel)) {
+    return bad(
+        "a private key, not a public key; give auditors the public key only (kvguard audit "
+        "pubkey)");
+  }
+  if (strcmp(block.name, kPublicKeyLabel) != 0) {
+    return bad("not a SubjectPublicKeyInfo public key (expected '-----BEGIN PUBLIC KEY-----')");
+  }
+  const unsigned char* p = block.data;
+  PkeyPtr pkey(d2i_PUBKEY(nullptr, &p, block.data_len));
+  if (pkey == nullptr || p != block.data + block.data_len) {
+    ERR_clear_error();
+    return bad("malformed or unsupported SubjectPublicKeyInfo");
+  }
+  if (EVP_PKEY_get_id(pkey.get()) != EVP_PKEY_ED25519) {
+    const char* type = EVP_PKEY_get0_type_name(pkey.get());
+    return bad(absl::StrCat("key type ", type != nullptr ? type : "unknown",
+                            ", but the audit log signs with Ed25519 only"));
+  }
+  return pkey;
+}
+
+// FdCloser closes a file descriptor when it goes out of scope.
+class FdCloser {
+ public:
+  explicit FdCloser(int fd) : fd_(fd) {}
+  FdCloser(const FdCloser&) = delete;
+  FdCloser& operator=(const FdCloser&) = delete;
+  ~FdCloser() {
+    if (fd_ >= 0) close(fd_);
+  }
+  int get() const { return fd_; }
+  // Close returns OK, or the error close(2) reports (which can be a deferred write error).
+  absl::Status Close() {
+    const int fd = std::exchange(fd_, -1);
+    if (close(fd) != 0) return absl::ErrnoToStatus(errno, "close");
+    return absl::OkStatus();
+  }
+
+ private:
+  int fd_;
+};
+
+absl::Status Prefix(const absl::Status& s, absl::string_view context) {
+  return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
+}
+
+absl::Status WriteAll(int fd, absl::string_view data) {
+  while (!data.empty()) {
+    const ssize_t n = write(fd, data.data(), data.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return absl::ErrnoToStatus(n < 0 ? errno : EIO, "write");
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return absl::OkStatus();
+}
+
+// ReadUpTo returns OK after reading `fd` to its end into `out` (whose capacity is reserved by
+// the caller), or OutOfRange once more than `max_bytes` are there.
+absl::Status ReadUpTo(int fd, size_t max_bytes, std::string& out) {
+  out.resize(max_bytes + 1);
+  size_t size = 0;
+  while (size < out.size()) {
+    const ssize_t n = read(fd, out.data() + size, out.size() - size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return absl::ErrnoToStatus(errno, "read");
+    if (n == 0) break;
+    size += static_cast<size_t>(n);
+  }
+  out.resize(size);  // shrinking keeps the capacity, so nothing is copied
+  if (size > max_bytes) {
+    return absl::OutOfRangeError(absl::StrCat("larger than ", max_bytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+// FsyncParentDir returns OK once the directory entry of `path` is durable.
+absl::Status FsyncParentDir(const std::string& path) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  const std::string dir = parent.empty() ? std::string(".") : parent.string();
+  FdCloser fd(open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0) return absl::ErrnoToStatus(errno, absl::StrCat("open directory ", dir));
+  if (fsync(fd.get()) != 0) return absl::ErrnoToStatus(errno, absl::StrCat("fsync ", dir));
+  return fd.Close();
+}
+
+// WriteNewFile returns OK once `contents` is durable in `path`, which this call creates
+// (O_EXCL: AlreadyExists if `path` exists, whatever it is) with mode 0600, and its directory
+// entry too. On failure it removes what it created.
+absl::Status WriteNewFile(const std::string& path, absl::string_view contents) {
+  FdCloser fd(open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (fd.get() < 0) return absl::ErrnoToStatus(errno, absl::StrCat("create ", path));
+  absl::Status s;
+  // fchmod: the umask may have taken bits off 0600, and the owner needs both.
+  if (fchmod(fd.get(), 0600) != 0) s = absl::ErrnoToStatus(errno, "fchmod");
+  if (s.ok()) s = WriteAll(fd.get(), contents);
+  if (s.ok() && fsync(fd.get()) != 0) s = absl::ErrnoToStatus(errno, "fsync");
+  if (s.ok()) s = fd.Close();
+  if (!s.ok()) {
+    unlink(path.c_str());
+    return Prefix(s, path);
+  }
+  return FsyncParentDir(path);
+}
+
+// WritePrivateKeyFile returns OK once `pkey` is durable in the new file `path` as PKCS#8 PEM
+// (WriteNewFile's errors). The PEM is built in a secure-memory BIO, which cleanses it when freed.
+absl::Status WritePrivateKeyFile(const std::string& path, EVP_PKEY* pkey) {
+  BioPtr bio(BIO_new(BIO_s_secmem()));
+  if (bio == nullptr ||
+      PEM_write_bio_PrivateKey(bio.get(), pkey, nullptr, nullptr, 0, nullptr, nullptr) != 1) {
+    return OpenSslError("PEM_write_bio_PrivateKey");
+  }
+  char* data = nullptr;
+  const long len = BIO_get_mem_data(bio.get(), &data);
+  if (len <= 0) return OpenSslError("PEM_write_bio_PrivateKey");
+  return WriteNewFile(path, absl::string_view(data, static_cast<size_t>(len)));
+}
+
+// CheckKeyFileMode returns OK if `st` (of key file `path`) is a regular file that grants group
+// and others nothing, or FailedPrecondition.
+absl::Status CheckKeyFileMode(const std::string& path, const struct stat& st) {
+  if (!S_ISREG(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("signing key file ", path, ": not a regular file"));
+  }
+  if ((st.st_mode & 077) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "signing key file ", path, ": mode 0", (st.st_mode >> 6) & 7, (st.st_mode >> 3) & 7,
+        st.st_mode & 7, " gives group or others access to the key; it must be 0600 (chmod 600)"));
+  }
+  return absl::OkStatus();
+}
+
+// Bytes returns `s` as the unsigned bytes OpenSSL takes; never null, even for an empty view
+// (whose data() may be).
+const uint8_t* Bytes(std::string_view s) {
+  static const uint8_t kNothing = 0;
+  return s.empty() ? &kNothing : reinterpret_cast<const uint8_t*>(s.data());
+}
+
+// Absl returns `s` as Abseil's string_view (Debian's Abseil has its own, not std's).
+absl::string_view Absl(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+}  // namespace
+
+// ---- SigningKey -------------------------------------------------------------------------------
+
+SigningKey::SigningKey(EVP_PKEY* pkey, std::string public_raw, std::string public_pem,
+                       std::string fingerprint)
+    : pkey_(pkey),
+      public_raw_(std::move(public_raw)),
+      public_pem_(std::move(public_pem)),
+      fingerprint_(std::move(fingerprint)) {}
+
+SigningKey::~SigningKey() { EVP_PKEY_free(pkey_); }
+
+absl::StatusOr<std::unique_ptr<SigningKey>> SigningKey::Make(EVP_PKEY* pkey) {
+  PkeyPtr owned(pkey);
+  absl::StatusOr<std::string> raw = RawPublicKey(pkey);
+  if (!raw.ok()) return raw.status();
+  absl::StatusOr<std::string> pem = PublicKeyPemOf(pkey);
+  if (!pem.ok()) return pem.status();
+  absl::StatusOr<std::string> fp = FingerprintOfRaw(*raw);
+  if (!fp.ok()) return fp.status();
+  return std::unique_ptr<SigningKey>(
+      new SigningKey(owned.release(), *std::move(raw), *std::move(pem), *std::move(fp)));
+}
+
+absl::StatusOr<std::unique_ptr<SigningKey>> SigningKey::CreateEphemeral() {
+  absl::StatusOr<PkeyPtr> pkey = NewEd25519Key();
+  if (!pkey.ok()) return pkey.status();
+  return Make(pkey->release());
+}
+
+absl::StatusOr<std::unique_ptr<SigningKey>> SigningKey::LoadOrCreate(const std::string& path) {
+  if (path.empty()) return absl::InvalidArgumentError("signing key file: empty path");
+  // Two rounds: if another process creates the file between our open and our create, load it.
+  for (int round = 0; round < 2; ++round) {
+    // O_NONBLOCK: opening a FIFO must not wait for a writer before fstat can refuse it.
+    FdCloser fd(open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+    if (fd.get() >= 0) {
+      struct stat st;
+      if (fstat(fd.get(), &st) != 0) {
+        return absl::ErrnoToStatus(errno, absl::StrCat("signing key file: fstat ", path));
+      }
+      if (absl::Status s = CheckKeyFileMode(path, st); !s.ok()) return s;
+      SecretBuffer contents(kMaxKeyFileBytes + 1);
+      if (absl::Status s = ReadUpTo(fd.get(), kMaxKeyFileBytes, contents.str()); !s.ok()) {
+        if (absl::IsOutOfRange(s)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("signing key file ", path, ": ", s.message()));
+        }
+        return Prefix(s, absl::StrCat("signing key file ", path));
+      }
+      absl::StatusOr<PkeyPtr> pkey = ParsePrivateKeyPem(path, contents.str());
+      if (!pkey.ok()) return pkey.status();
+      return Make(pkey->release());
+    }
+    if (errno == ELOOP) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "signing key file ", path, ": is a symbolic link; it must be a regular file"));
+    }
+    if (errno != ENOENT) {
+      return absl::ErrnoToStatus(errno, absl::StrCat("signing key file: open ", path));
+    }
+
+    // No file yet: write one holding a new key.
+    absl::StatusOr<PkeyPtr> pkey = NewEd25519Key();
+    if (!pkey.ok()) return pkey.status();
+    absl::Status s = WritePrivateKeyFile(path, pkey->get());
+    if (absl::IsAlreadyExists(s)) continue;
+    if (!s.ok()) return Prefix(s, "signing key file");
+    return Make(pkey->release());
+  }
+  return absl::UnavailableError(
+      absl::StrCat("signing key file ", path, ": created and removed concurrently; try again"));
+}
+
+absl::StatusOr<std::string> SigningKey::Sign(std::string_view message) const {
+  // A context per call: EVP_MD_CTX is not shareable between threads, the key is (read only).
+  MdCtxPtr ctx(EVP_MD_CTX_new());
+  if (ctx == nullptr ||
+      EVP_DigestSignInit_ex(ctx.get(), nullptr, nullptr, nullptr, nullptr, pkey_, nullptr) != 1) {
+    return OpenSslError("EVP_DigestSignInit_ex");
+  }
+  std::string sig(kEd25519SignatureBytes, '\0');
+  size_t sig_len = sig.size();
+  if (EVP_DigestSign(ctx.get(), reinterpret_cast<uint8_t*>(sig.data()), &sig_len, Bytes(message),
+                     message.size()) != 1 ||
+      sig_len != kEd25519SignatureBytes) {
+    return OpenSslError("Ed25519 signing");
+  }
+  return sig;
+}
+
+std::string SigningKey::PublicKeyPem() const { return public_pem_; }
+
+std::string SigningKey::Fingerprint() const { return fingerprint_; }
+
+std::string SigningKey::PublicKeyRaw() const { return public_raw_; }
+
+// ---- VerifyingKey -----------------------------------------------------------------------------
+
+VerifyingKey::VerifyingKey(std::shared_ptr<EVP_PKEY> pkey, std::string fingerprint)
+    : pkey_(std::move(pkey)), fingerprint_(std::move(fingerprint)) {}
+
+absl::StatusOr<VerifyingKey> VerifyingKey::Make(EVP_PKEY* pkey) {
+  std::shared_ptr<EVP_PKEY> shared(pkey, PkeyFree());
+  absl::StatusOr<std::string> raw = RawPublicKey(pkey);
+  if (!raw.ok()) return raw.status();
+  absl::StatusOr<std::string> fp = FingerprintOfRaw(*raw);
+  if (!fp.ok()) return fp.status();
+  return VerifyingKey(std::move(shared), *std::move(fp));
+}
+
+absl::StatusOr<VerifyingKey> VerifyingKey::FromPem(std::string_view pem) {
+  absl::StatusOr<PkeyPtr> pkey = ParsePublicKeyPem(Absl(pem), "verifying key");
+  if (!pkey.ok()) return pkey.status();
+  return Make(pkey->release());
+}
+
+absl::StatusOr<VerifyingKey> VerifyingKey::LoadFile(const std::string& path) {
+  const std::string context = absl::StrCat("verifying key file ", path);
+  FdCloser fd(open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
+  if (fd.get() < 0) return absl::ErrnoToStatus(errno, absl::StrCat(context, ": open"));
+  struct stat st;
+  if (fstat(fd.get(), &st) != 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat(context, ": fstat"));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(context, ": not a regular file"));
+  }
+  std::string text;
+  if (absl::Status s = ReadUpTo(fd.get(), kMaxKeyFileBytes, text); !s.ok()) {
+    return absl::Status(absl::IsOutOfRange(s) ? absl::StatusCode::kInvalidArgument : s.code(),
+                        absl::StrCat(context, ": ", s.message()));
+  }
+  absl::StatusOr<PkeyPtr> pkey = ParsePublicKeyPem(text, context);
+  if (!pkey.ok()) return pkey.status();
+  return Make(pkey->release());
+}
+
+absl::StatusOr<VerifyingKey> VerifyingKey::FromRaw(std::string_view raw32) {
+  if (raw32.size() != kEd25519PublicKeyBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("verifying key: a raw Ed25519 public key is ",
+                                                   kEd25519PublicKeyBytes, " bytes, not ",
+                                                   raw32.size()));
+  }
+  PkeyPtr pkey(EVP_PKEY_new_raw_public_key(EVP_PKEY_ED25519, nullptr, Bytes(raw32), raw32.size()));
+  if (pkey == nullptr) {
+    ERR_clear_error();
+    return absl::InvalidArgumentError("verifying key: not a valid raw Ed25519 public key");
+  }
+  return Make(pkey.release());
+}
+
+bool VerifyingKey::Verify(std::string_view message, std::string_view signature64) const {
+  if (signature64.size() != kEd25519SignatureBytes) return false;
+  MdCtxPtr ctx(EVP_MD_CTX_new());
+  const bool ok = ctx != nullptr &&
+                  EVP_DigestVerifyInit_ex(ctx.get(), nullptr, nullptr, nullptr, nullptr,
+                                          pkey_.get(), nullptr) == 1 &&
+                  EVP_DigestVerify(ctx.get(), Bytes(signature64), signature64.size(),
+                                   Bytes(message), message.size()) == 1;
+  if (!ok) ERR_clear_error();
+  return ok;
+}
+
+std::string VerifyingKey::Fingerprint() const { return fingerprint_; }
+
+}  // namespace kvguard::audit

@@ -1,0 +1,244 @@
+// The audit log writer: records and checkpoints as FORMAT.md says, the chain across reopen and
+// rotation, durable appends, crash recovery of a torn tail, and a disk that refuses writes.
+// (The verifier's corruption matrix is verifier_test.cc.)
+#include "audit/log.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "audit/record.h"
+#include "audit/signing_key.h"
+
+namespace kvguard::audit {
+namespace {
+
+namespace fs = std::filesystem;
+
+class AuditLogTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = ::testing::TempDir() + "/audit_log_test.XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    root_ = tmpl;
+    dir_ = root_ + "/log";
+    key_ = std::shared_ptr<const SigningKey>(*SigningKey::CreateEphemeral());
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  LogOptions Options() const {
+    LogOptions o;
+    o.dir = dir_;
+    o.key = key_;
+    o.instance = "test-instance";
+    o.checkpoint_every = 5;
+    return o;
+  }
+  static Event Violation(uint64_t request, bool durable = false) {
+    Event e;
+    e.type = "violation";
+    e.tenant = "acme";
+    e.session = request;
+    e.request = request;
+    e.page = 7;
+    e.expected_generation = 3;
+    e.actual_generation = 5;
+    e.reason = "stale_generation";
+    e.mode = durable ? "strict" : "enforce";
+    e.durable = durable;
+    return e;
+  }
+  // Lines returns every line of every log file, in order.
+  std::vector<std::string> Lines() const {
+    std::vector<std::string> out;
+    for (int i = 1; fs::exists(dir_ + "/" + FileName(i)); ++i) {
+      std::ifstream in(dir_ + "/" + FileName(i));
+      for (std::string line; std::getline(in, line);) out.push_back(line);
+    }
+    return out;
+  }
+  // Records parses every line and checks the chain; returns the records' events.
+  std::vector<Line> Records() const {
+    std::vector<Line> out;
+    Hash prev{};
+    for (const std::string& l : Lines()) {
+      absl::StatusOr<Line> p = ParseLine(l);
+      EXPECT_TRUE(p.ok()) << p.status() << "\n" << l;
+      if (!p.ok() || p->kind != Line::Kind::kRecord) continue;
+      EXPECT_TRUE(p->hash_ok) << l;
+      EXPECT_EQ(p->seq, out.size()) << l;
+      EXPECT_EQ(p->prev, prev) << l;
+      prev = p->hash;
+      out.push_back(*p);
+    }
+    return out;
+  }
+
+  std::string root_, dir_;
+  std::shared_ptr<const SigningKey> key_;
+};
+
+TEST_F(AuditLogTest, RecordsChainAndCheckpointsAreSigned) {
+  {
+    auto log = *AuditLog::Open(Options());
+    for (uint64_t i = 1; i <= 12; ++i) ASSERT_TRUE(log->Append(Violation(i)).ok());
+    ASSERT_TRUE(log->Close().ok());
+  }
+  const std::vector<Line> records = Records();
+  ASSERT_EQ(records.size(), 14u);  // start, 12 violations, stop
+  EXPECT_EQ(records.front().event.type, "service_start");
+  EXPECT_EQ(records.back().event.type, "service_stop");
+  EXPECT_EQ(records[1].event.tenant, "acme");
+  EXPECT_EQ(records[1].event.reason, "stale_generation");
+  EXPECT_EQ(records[1].instance, "test-instance");
+  // Checkpoints: after every 5 records and at close, each signed over the right tree head.
+  const VerifyingKey vk = *VerifyingKey::FromPem(key_->PublicKeyPem());
+  MerkleAccumulator tree;
+  Hash head{};
+  int checkpoints = 0;
+  for (const std::string& l : Lines()) {
+    const Line p = *ParseLine(l);
+    if (p.kind == Line::Kind::kRecord) {
+      tree.Append(LeafHash(l));
+      head = p.hash;
+      continue;
+    }
+    ++checkpoints;
+    const Checkpoint& c = p.checkpoint;
+    EXPECT_EQ(c.size, tree.size());
+    EXPECT_EQ(c.root, tree.Root());
+    EXPECT_EQ(c.head, head);
+    EXPECT_EQ(c.key_fp, key_->Fingerprint());
+    EXPECT_TRUE(vk.Verify(CheckpointMessage(c.log_id, c.size, c.head, c.root), c.sig));
+    std::string forged = c.sig;
+    forged[0] ^= 1;
+    EXPECT_FALSE(vk.Verify(CheckpointMessage(c.log_id, c.size, c.head, c.root), forged));
+  }
+  EXPECT_EQ(checkpoints, 3);  // sizes 5 and 10, then 14 at close
+}
+
+TEST_F(AuditLogTest, ReopenContinuesTheChainAndRotationKeepsOneChain) {
+  LogOptions o = Options();
+  o.rotate_bytes = 4096;
+  for (int run = 0; run < 3; ++run) {
+    auto log = *AuditLog::Open(o);
+    for (uint64_t i = 0; i < 20; ++i) ASSERT_TRUE(log->Append(Violation(i)).ok());
+  }                                             // destructor closes
+  const std::vector<Line> records = Records();  // one chain, seq 0.. across runs and files
+  int rotations = 0;
+  for (const Line& r : records) rotations += r.event.type == "log_rotation";
+  EXPECT_GT(rotations, 0);
+  EXPECT_EQ(records.size(), 3u * 22u + static_cast<size_t>(rotations));  // start, 20, stop
+  EXPECT_EQ(AuditLog::Open(o).value()->stats().files, rotations + 1);
+}
+
+TEST_F(AuditLogTest, DurableAppendIsOnDiskBeforeItReturns) {
+  LogOptions o = Options();
+  o.batch_records = 1000;
+  o.batch_interval_ms = 1000000;  // the flusher never fires during the test
+  o.checkpoint_every = 1000;
+  auto log = *AuditLog::Open(o);
+  const size_t before = Lines().size();
+  ASSERT_TRUE(log->Append(Violation(1)).ok());
+  EXPECT_EQ(Lines().size(), before) << "a non-durable record waits for its batch";
+  ASSERT_TRUE(log->Append(Violation(2, /*durable=*/true)).ok());
+  EXPECT_EQ(Lines().size(), before + 2) << "a durable record flushes itself and what precedes";
+}
+
+TEST_F(AuditLogTest, TornTailIsSetAsideAndTheChainGoesOnWithARecoveryRecord) {
+  {
+    auto log = *AuditLog::Open(Options());
+    for (uint64_t i = 0; i < 7; ++i) ASSERT_TRUE(log->Append(Violation(i)).ok());
+  }
+  // A crash in the middle of a write: half a record at the end of the newest file.
+  const std::string torn = R"({"v":1,"seq":99,"time_ns":1,"type":"violation","inst)";
+  std::ofstream(dir_ + "/" + FileName(1), std::ios::app) << torn;
+  {
+    auto log = AuditLog::Open(Options());
+    ASSERT_TRUE(log.ok()) << log.status();
+    EXPECT_EQ((*log)->stats().recovered_bytes, torn.size());
+  }
+  const std::vector<Line> records = Records();  // the chain is whole
+  bool recovered = false;
+  for (const Line& r : records) {
+    if (r.event.type == "recovery") {
+      recovered = true;
+      EXPECT_NE(r.event.detail->find("torn-"), std::string::npos);
+    }
+  }
+  EXPECT_TRUE(recovered);
+  int aside = 0;
+  for (const auto& e : fs::directory_iterator(dir_)) {
+    if (e.path().filename().string().starts_with("torn-")) {
+      ++aside;
+      std::ifstream in(e.path());
+      std::stringstream ss;
+      ss << in.rdbuf();
+      EXPECT_EQ(ss.str(), torn) << "the torn bytes are kept, not dropped";
+    }
+  }
+  EXPECT_EQ(aside, 1);
+}
+
+TEST_F(AuditLogTest, DamageBeforeTheTailIsRefusedNotOverwritten) {
+  {
+    auto log = *AuditLog::Open(Options());
+    for (uint64_t i = 0; i < 7; ++i) ASSERT_TRUE(log->Append(Violation(i)).ok());
+  }
+  std::vector<std::string> lines = Lines();
+  lines[2] = "garbage";
+  std::ofstream out(dir_ + "/" + FileName(1), std::ios::trunc);
+  for (const std::string& l : lines) out << l << "\n";
+  out.close();
+  EXPECT_EQ(AuditLog::Open(Options()).status().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST_F(AuditLogTest, AFailingDiskIsReportedAndTheBatchIsWrittenOnceItRecovers) {
+  LogOptions o = Options();
+  o.checkpoint_every = 1000;
+  o.batch_interval_ms = 1000000;
+  auto log = *AuditLog::Open(o);
+  ASSERT_TRUE(log->Healthy().ok());
+  // A file size limit makes every further write fail with EFBIG: a real failing write.
+  signal(SIGXFSZ, SIG_IGN);
+  rlimit old;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
+  const auto size = fs::file_size(dir_ + "/" + FileName(1));
+  rlimit tight = old;
+  tight.rlim_cur = size;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &tight), 0);
+  const absl::Status failed = log->Append(Violation(1, /*durable=*/true));
+  setrlimit(RLIMIT_FSIZE, &old);
+  EXPECT_EQ(failed.code(), absl::StatusCode::kUnavailable) << failed;
+  EXPECT_FALSE(log->Healthy().ok());
+  EXPECT_EQ(fs::file_size(dir_ + "/" + FileName(1)), size) << "no torn bytes left behind";
+  // Twin: the disk is back; the pending record goes out with the next write.
+  ASSERT_TRUE(log->Append(Violation(2, /*durable=*/true)).ok());
+  EXPECT_TRUE(log->Healthy().ok());
+  ASSERT_TRUE(log->Close().ok());
+  const std::vector<Line> records = Records();
+  ASSERT_EQ(records.size(), 4u);
+  EXPECT_EQ(records[1].event.request, 1u);
+  EXPECT_EQ(records[2].event.request, 2u);
+}
+
+TEST_F(AuditLogTest, UnknownEventTypeIsRefusedKnownOneAccepted) {
+  auto log = *AuditLog::Open(Options());
+  Event e;
+  e.type = "coffee_break";
+  EXPECT_EQ(log->Append(e).code(), absl::StatusCode::kInvalidArgument);
+  e.type = "mode_change";
+  e.mode_from = "enforce";
+  e.mode_to = "strict";
+  EXPECT_TRUE(log->Append(e).ok());
+}
+
+}  // namespace
+}  // namespace kvguard::audit
