@@ -362,6 +362,11 @@ absl::Status CheckKeyFileMode(const std::string& path, const struct stat& st) {
         "signing key file ", path, ": mode 0", (st.st_mode >> 6) & 7, (st.st_mode >> 3) & 7,
         st.st_mode & 7, " gives group or others access to the key; it must be 0600 (chmod 600)"));
   }
+  if (st.st_uid != geteuid()) {  // a 0600 file another user planted is still theirs
+    return absl::FailedPreconditionError(absl::StrCat("signing key file ", path, ": owned by uid ",
+                                                      st.st_uid, ", not by this process's uid ",
+                                                      geteuid()));
+  }
   return absl::OkStatus();
 }
 

@@ -467,6 +467,11 @@ absl::StatusOr<std::unique_ptr<TagKeyRing>> TagKeyRing::LoadOrCreate(const std::
                          (st.st_mode >> 3) & 7, st.st_mode & 7,
                          " gives group or others access to the keys; it must be 0600 (chmod 600)"));
       }
+      if (st.st_uid != geteuid()) {  // a 0600 file another user planted is still theirs
+        return absl::FailedPreconditionError(absl::StrCat("tag key file ", path, ": owned by uid ",
+                                                          st.st_uid, ", not by this process's uid ",
+                                                          geteuid()));
+      }
       if (static_cast<uint64_t>(st.st_size) > kMaxFileBytes) {
         return absl::InvalidArgumentError(
             absl::StrCat("tag key file ", path, ": larger than ", kMaxFileBytes, " bytes"));

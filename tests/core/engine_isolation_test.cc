@@ -237,6 +237,66 @@ TEST(EngineIsolationTest, APageGrantedToTwoSessionsAbortsTheOldOwnerAndSparesThe
     }
 }
 
+// Table faults under a running engine, each with its twin: the faulty request is caught, the
+// other requests' tokens are exactly what they are alone.
+//  * skip_generation_bump + double release: request 1's second release finds its pages at
+//    the same generations but (some) granted to others; it must free none of them.
+//  * ignore_epoch + release during the step: the released page is free at once (and may be
+//    granted while the step reads it); the kernels' check still aborts request 2 before it
+//    reads the page.
+TEST(EngineIsolationTest, TableFaultsUnderTheEngineAreCaughtAndSpareTheOthers) {
+  std::vector<std::vector<int>> alone;
+  for (const auto& p : kPrompts) alone.push_back(Alone(p, 12));
+  struct Case {
+    const char* name;
+    isolation::TableFaults table;
+    EngineFaults engine;
+    int aborted;  // index into kPrompts of the request that must abort, -1 for none
+  };
+  std::vector<Case> cases;
+  {
+    Case c{"skip_generation_bump + double release", {}, {}, -1};
+    c.table.skip_generation_bump = true;
+    c.engine.double_release = 1;
+    cases.push_back(c);
+    Case twin{"double release alone (twin)", {}, {}, -1};
+    twin.engine.double_release = 1;
+    cases.push_back(twin);
+  }
+  {
+    Case c{"ignore_epoch + release during the step", {}, {}, 1};
+    c.table.ignore_epoch = true;
+    c.engine.release_during_step = 2;
+    cases.push_back(c);
+    Case twin{"ignore_epoch alone (twin)", {}, {}, -1};
+    twin.table.ignore_epoch = true;
+    cases.push_back(twin);
+  }
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Harness h = Make(64, Mode::kEnforce, /*check_accounting=*/false);
+    h.engine->mutable_pool().table().set_faults(c.table);
+    const std::vector<GenerationResult> r = RunThree(h, c.engine, 12);
+    for (size_t i = 0; i < r.size(); ++i) {
+      if (static_cast<int>(i) == c.aborted) {
+        EXPECT_EQ(r[i].reason, FinishReason::kAborted);
+        ASSERT_TRUE(r[i].violation.has_value());
+        EXPECT_EQ(r[i].violation->kind, ViolationKind::kKernelTagMismatch);
+      } else {
+        EXPECT_EQ(r[i].reason, FinishReason::kLength) << kPrompts[i];
+        EXPECT_EQ(r[i].tokens, alone[i]) << kPrompts[i];
+      }
+    }
+    if (c.engine.double_release != 0) {
+      // Every second release was refused: nothing was freed twice.
+      const std::vector<AuditEvent> v = Violations(*h.sink);
+      EXPECT_FALSE(v.empty());
+      for (const AuditEvent& e : v) EXPECT_EQ(e.request, 1u);
+      EXPECT_TRUE(h.engine->mutable_pool().table().CheckAccounting().ok());
+    }
+  }
+}
+
 TEST(EngineIsolationTest, ModeChangesApplyFromTheNextStepAndAreRecorded) {
   const std::vector<int> alone = Alone(kPrompts[0], 400);
   Harness h = Make(64, Mode::kOff);

@@ -172,6 +172,19 @@ TEST_F(TagKeyTest, RefusesFileThatGroupOrOthersCanAccess) {
   }
 }
 
+// A 0600 file that another user owns (planted where the service will look) is refused; the
+// service's own file is the twin. Needs root to give the file away.
+TEST_F(TagKeyTest, RefusesAKeyFileOwnedByAnotherUser) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to chown a file to another uid";
+  const std::string path = Path("planted.keys");
+  ASSERT_TRUE(TagKeyRing::LoadOrCreate(path).ok());
+  ASSERT_TRUE(TagKeyRing::LoadOrCreate(path).ok());  // twin: our own file loads
+  ASSERT_EQ(chown(path.c_str(), 12345, 12345), 0);
+  const absl::Status s = TagKeyRing::LoadOrCreate(path).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("owned by uid 12345"), absl::string_view::npos) << s;
+}
+
 TEST_F(TagKeyTest, RefusesSymlinksDirectoriesAndFifos) {
   const std::string target =
       WriteKeyFile("target", std::string(kHeader) + "1 " + kKeyA + "\n", 0600);
