@@ -30,8 +30,8 @@ run: build
 # Every test: the default preset's suite, the same suite under ASan + UBSan, then the
 # multi-threaded suites (thread pool, engine, isolation) under ThreadSanitizer.
 TSAN_TESTS = thread_pool_test engine_test engine_isolation_test ownership_table_test \
-	isolation_stress_test tag_key_test guard_test
-TSAN_SUITES = ThreadPoolTest|EngineTest|EngineIsolationTest|OwnershipTableTest|IsolationStressTest|TagKeyTest|GuardTest|GuardModeChangeTest
+	isolation_stress_test tag_key_test guard_test log_test audit_log_sink_test
+TSAN_SUITES = ThreadPoolTest|EngineTest|EngineIsolationTest|OwnershipTableTest|IsolationStressTest|TagKeyTest|GuardTest|GuardModeChangeTest|AuditLogTest|AuditLogSinkTest
 test: test-default test-asan test-tsan
 
 test-default: build
@@ -56,6 +56,8 @@ bench: build
 	  --rounds 5 --out bench/results/isolation
 	./build/default/bench/isolation_bench --benchmark_min_time=0.5 --benchmark_repetitions=5 \
 	  --benchmark_report_aggregates_only=true > bench/results/isolation-tag-derivation.txt
+	./build/default/bench/audit_bench --benchmark_repetitions=3 \
+	  --benchmark_report_aggregates_only=true > bench/results/audit-bench.txt
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cc' '*.cu')

@@ -177,6 +177,7 @@ absl::Status AuditLog::Recover() {
     }
   }
   std::optional<Event> recovery;
+  bool ends_with_rotation = false;
   for (int index : *files) {
     const std::string path = options_.dir + "/" + FileName(index);
     absl::StatusOr<std::string> data = ReadFile(path);
@@ -189,14 +190,20 @@ absl::Status AuditLog::Recover() {
           pos, nl == std::string::npos ? std::string::npos : nl - pos);
       bool ok = nl != std::string::npos;
       const bool checkpoint = line.starts_with(kCheckpointPrefix);
-      if (ok && !checkpoint) {
-        // The tree and chain need every record; full parsing (canonical form, hash) only
-        // where it decides anything: the newest file's last line, which may be torn.
-        const bool last = newest && nl + 1 == data->size();
+      // The tree and chain need every record; full parsing (canonical form, hash) only where
+      // it decides anything: the newest file's last line, which may be torn.
+      const bool last = ok && newest && nl + 1 == data->size();
+      if (ok && checkpoint && last) {
+        ok = ParseLine(line).ok();  // a damaged final checkpoint is a torn tail too
+      } else if (ok && !checkpoint) {
         if (last) {
           absl::StatusOr<Line> parsed = ParseLine(line);
           ok = parsed.ok() && parsed->hash_ok && parsed->seq == seq_ && parsed->prev == head_;
-          if (ok) head_ = parsed->hash;
+          if (ok) {
+            head_ = parsed->hash;
+            // A crash between a rotation record and the next file's creation: go on there.
+            ends_with_rotation = parsed->event.type == "log_rotation";
+          }
         } else {
           const size_t cut = line.rfind(",\"hash\":\"");
           absl::StatusOr<Hash> h = cut == std::string_view::npos
@@ -235,7 +242,8 @@ absl::Status AuditLog::Recover() {
     }
   }
   stats_.records = seq_;
-  if (absl::Status s = OpenFileLocked(files->back()); !s.ok()) return s;
+  const int open_index = ends_with_rotation && !recovery ? files->back() + 1 : files->back();
+  if (absl::Status s = OpenFileLocked(open_index); !s.ok()) return s;
   if (recovery) {
     if (absl::Status s = AppendLocked(std::move(*recovery)); !s.ok()) return s;
   }
@@ -261,6 +269,11 @@ absl::Status AuditLog::OpenFileLocked(int index) {
 }
 
 absl::Status AuditLog::Append(Event event) {
+  if (event.type == "service_start" || event.type == "service_stop" ||
+      event.type == "log_rotation" || event.type == "recovery") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("audit event type '", event.type, "' is written by the log itself"));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (closed_) return absl::FailedPreconditionError("audit log is closed");
   return AppendLocked(std::move(event));
@@ -279,15 +292,21 @@ absl::Status AuditLog::AppendLocked(Event event) {
   ++seq_;
   ++stats_.records;
   ++since_checkpoint_;
-  pending_.append(line).push_back('\n');
-  ++pending_records_;
+  if (rotation_pending_) {
+    next_pending_.append(line).push_back('\n');
+    ++next_pending_records_;
+  } else {
+    pending_.append(line).push_back('\n');
+    ++pending_records_;
+  }
   absl::Status s;
   if (since_checkpoint_ >= options_.checkpoint_every) {
     s = CheckpointLocked();
-  } else if (durable || pending_records_ >= options_.batch_records) {
+  } else if (durable || pending_records_ + next_pending_records_ >= options_.batch_records) {
     s = FlushLocked();
   }
-  if (s.ok() && event.type != "log_rotation" &&
+  // One rotation at a time: while one is pending (a failing disk), no second record is added.
+  if (s.ok() && !rotation_pending_ && event.type != "log_rotation" &&
       file_bytes_ + pending_.size() >= options_.rotate_bytes) {
     s = RotateLocked();
   }
@@ -295,7 +314,7 @@ absl::Status AuditLog::AppendLocked(Event event) {
 }
 
 absl::Status AuditLog::FlushLocked() {
-  if (pending_.empty()) return health_;
+  if (pending_.empty() && !rotation_pending_) return health_;
   const std::string path = options_.dir + "/" + FileName(file_index_);
   absl::Status s = WriteAll(fd_, pending_, path);
   if (s.ok() && fsync(fd_) != 0) s = Errno("fsync", path);
@@ -318,6 +337,20 @@ absl::Status AuditLog::FlushLocked() {
   pending_.clear();
   pending_records_ = 0;
   health_ = absl::OkStatus();
+  if (rotation_pending_) {
+    // The log_rotation record is on disk: start the next file and write what waited for it.
+    if (absl::Status open = OpenFileLocked(file_index_ + 1); !open.ok()) {
+      ++stats_.write_errors;
+      health_ = absl::UnavailableError(absl::StrCat("audit log: ", open.message()));
+      return health_;
+    }
+    rotation_pending_ = false;
+    pending_ = std::move(next_pending_);
+    pending_records_ = next_pending_records_;
+    next_pending_.clear();
+    next_pending_records_ = 0;
+    if (!pending_.empty()) return FlushLocked();
+  }
   return health_;
 }
 
@@ -333,7 +366,7 @@ absl::Status AuditLog::CheckpointLocked() {
       options_.key->Sign(CheckpointMessage(c.log_id, c.size, c.head, c.root));
   if (!sig.ok()) return sig.status();
   c.sig = *std::move(sig);
-  pending_.append(FormatCheckpoint(c)).push_back('\n');
+  (rotation_pending_ ? next_pending_ : pending_).append(FormatCheckpoint(c)).push_back('\n');
   since_checkpoint_ = 0;
   last_checkpoint_ms_ = MonotonicMs();
   ++stats_.checkpoints;
@@ -345,8 +378,8 @@ absl::Status AuditLog::RotateLocked() {
   e.type = "log_rotation";
   e.detail = FileName(file_index_ + 1);
   if (absl::Status s = AppendLocked(std::move(e)); !s.ok()) return s;
-  if (absl::Status s = FlushLocked(); !s.ok()) return s;
-  return OpenFileLocked(file_index_ + 1);
+  rotation_pending_ = true;  // from here on, new lines wait for the next file
+  return FlushLocked();      // writes the rotation record, then opens the next file
 }
 
 absl::Status AuditLog::Flush() {

@@ -71,8 +71,9 @@ class AuditLog {
 
   // Append adds one record. Returns OK once it is in the chain (and, if event.durable, on
   // disk); Unavailable (with the cause) if it could not be written: then it stays pending
-  // and is retried with the next write. InvalidArgument for an unknown event type. After
-  // Close, FailedPrecondition.
+  // and is retried with the next write. InvalidArgument for an unknown event type or one only
+  // the writer writes (service_start, service_stop, log_rotation, recovery). After Close,
+  // FailedPrecondition.
   absl::Status Append(Event event);
 
   // Flush writes and fsyncs every pending record; Checkpoint also appends a checkpoint.
@@ -109,6 +110,11 @@ class AuditLog {
   uint64_t file_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // durable bytes of the current file
   std::string pending_ ABSL_GUARDED_BY(mu_);      // lines not yet written
   uint64_t pending_records_ ABSL_GUARDED_BY(mu_) = 0;
+  // A log_rotation record is in pending_ (or written, with the next file not yet open): lines
+  // appended meanwhile belong to the next file and wait in next_pending_.
+  bool rotation_pending_ ABSL_GUARDED_BY(mu_) = false;
+  std::string next_pending_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_pending_records_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;  // the next record's
   Hash head_ ABSL_GUARDED_BY(mu_){};       // the last record's hash
   MerkleAccumulator tree_ ABSL_GUARDED_BY(mu_);

@@ -16,6 +16,7 @@ int RunGenerate(const std::vector<std::string>& args);
 int RunBenchEngine(const std::vector<std::string>& args);
 int RunBenchIsolation(const std::vector<std::string>& args);
 int RunKeys(const std::vector<std::string>& args);
+int RunAudit(const std::vector<std::string>& args);
 int RunEval(const std::vector<std::string>& args);
 
 // BuildDescription returns the multi-line text `kvguard version` prints (also written into

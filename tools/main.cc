@@ -21,6 +21,7 @@ constexpr Command kCommands[] = {
     {"eval", "KL divergence / top-1 agreement of quantised configs vs FP32", RunEval},
     {"bench", "the serving benchmark (--help); `kvguard bench kernels` for the kernels", RunBench},
     {"keys", "list, rotate or retire page-tag keys in a key file (ids, fingerprints)", RunKeys},
+    {"audit", "verify, query, export and prove records of an audit log (--help)", RunAudit},
 };
 
 int Usage(FILE* out) {

@@ -1,0 +1,480 @@
+#include "audit/query.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <ctime>
+#include <map>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "audit/log.h"
+#include "audit/merkle.h"
+#include "audit/verifier.h"
+#include "nlohmann/json.hpp"
+
+namespace kvguard::audit {
+namespace {
+
+absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+constexpr int64_t kNsPerHour = int64_t{3600} * 1000 * 1000 * 1000;
+
+absl::Status LineError(const std::string& file, uint64_t line, absl::string_view why) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(file, " line ", line, ": ", why, " (run kvguard audit verify)"));
+}
+
+// CsvField appends `v` as one RFC 4180 field: quoted (with quotes doubled) when it holds a
+// comma, a quote, CR or LF.
+void CsvField(std::string* out, std::string_view v) {
+  if (v.find_first_of(",\"\r\n") == std::string_view::npos) {
+    out->append(v);
+    return;
+  }
+  out->push_back('"');
+  for (char c : v) {
+    if (c == '"') out->push_back('"');
+    out->push_back(c);
+  }
+  out->push_back('"');
+}
+
+template <class T>
+std::string OrEmpty(const std::optional<T>& v) {
+  if (!v) return "";
+  return absl::StrCat(*v);
+}
+
+template <class T>
+std::string OrUnknown(const std::optional<T>& v) {
+  if (!v) return "?";
+  return absl::StrCat(*v);
+}
+
+constexpr const char* kCsvColumns[] = {"seq",
+                                       "time_ns",
+                                       "time",
+                                       "type",
+                                       "instance",
+                                       "tenant",
+                                       "session",
+                                       "request",
+                                       "page",
+                                       "expected_generation",
+                                       "actual_generation",
+                                       "actual_tenant",
+                                       "actual_session",
+                                       "reason",
+                                       "mode",
+                                       "mode_from",
+                                       "mode_to",
+                                       "actor",
+                                       "key_fingerprint",
+                                       "detail",
+                                       "prev",
+                                       "hash"};
+
+absl::Status ScanFile(const std::string& dir, int index, bool newest, const RecordFilter& filter,
+                      absl::FunctionRef<absl::Status(const Line&, std::string_view)> fn) {
+  const std::string name = FileName(index);
+  std::string unterminated;
+  uint64_t lines = 0;
+  absl::Status s = ForEachLine(
+      dir + "/" + name,
+      [&](std::string_view text, uint64_t number) -> absl::Status {
+        lines = number;
+        absl::StatusOr<Line> line = ParseLine(text);
+        if (!line.ok()) return LineError(name, number, line.status().message());
+        if (line->kind != Line::Kind::kRecord || !Matches(filter, *line)) {
+          return absl::OkStatus();
+        }
+        return fn(*line, text);
+      },
+      &unterminated);
+  if (!s.ok()) return s;
+  if (!unterminated.empty() && !newest) {
+    return LineError(name, lines + 1, "the last line is cut short");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool Matches(const RecordFilter& f, const Line& record) {
+  const Event& e = record.event;
+  if (f.tenant && e.tenant != f.tenant) return false;
+  if (f.session && e.session != f.session) return false;
+  if (f.request && e.request != f.request) return false;
+  if (f.type && e.type != *f.type) return false;
+  if (f.reason && e.reason != f.reason) return false;
+  if (f.since_ns && e.time_ns < *f.since_ns) return false;
+  if (f.until_ns && e.time_ns >= *f.until_ns) return false;
+  return true;
+}
+
+absl::Status ScanRecords(const std::string& dir, const RecordFilter& filter,
+                         absl::FunctionRef<absl::Status(const Line&, std::string_view)> fn) {
+  absl::StatusOr<LogDirectory> listing = ListLogDirectory(dir);
+  if (!listing.ok()) return listing.status();
+  for (int index : listing->indexes) {
+    absl::Status s = ScanFile(dir, index, index == listing->indexes.back(), filter, fn);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<QueriedRecord>> Query(const std::string& dir,
+                                                 const RecordFilter& filter) {
+  std::vector<QueriedRecord> out;
+  absl::Status s = ScanRecords(dir, filter, [&](const Line& record, std::string_view line) {
+    out.push_back(QueriedRecord{record, std::string(line)});
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return s;
+  return out;
+}
+
+absl::StatusOr<std::vector<ViolationCount>> ViolationStats(const std::string& dir,
+                                                           const RecordFilter& filter) {
+  RecordFilter f = filter;
+  if (f.type && *f.type != "violation") return std::vector<ViolationCount>{};
+  f.type = "violation";
+  std::map<std::tuple<int64_t, std::string, std::string>, uint64_t> counts;
+  absl::Status s = ScanRecords(dir, f, [&](const Line& record, std::string_view) {
+    const Event& e = record.event;
+    // Floor division: an hour starts at a multiple of kNsPerHour, before 1970 too.
+    int64_t hour = e.time_ns / kNsPerHour;
+    if (e.time_ns % kNsPerHour < 0) --hour;
+    ++counts[{hour * kNsPerHour, e.tenant.value_or(""), e.reason.value_or("")}];
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return s;
+  std::vector<ViolationCount> out;
+  out.reserve(counts.size());
+  for (const auto& [key, n] : counts) {
+    out.push_back(ViolationCount{std::get<0>(key), std::get<1>(key), std::get<2>(key), n});
+  }
+  return out;
+}
+
+std::string FormatTime(int64_t time_ns) {
+  int64_t secs = time_ns / 1000000000;
+  int64_t frac = time_ns % 1000000000;
+  if (frac < 0) {
+    frac += 1000000000;
+    --secs;
+  }
+  const time_t t = static_cast<time_t>(secs);
+  struct tm tm;
+  if (gmtime_r(&t, &tm) == nullptr) return absl::StrCat(time_ns, "ns");
+  return absl::StrFormat("%04d-%02d-%02dT%02d:%02d:%02d.%09dZ", tm.tm_year + 1900, tm.tm_mon + 1,
+                         tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(frac));
+}
+
+std::string Describe(const Event& e) {
+  std::vector<std::string> parts;
+  if (e.session) parts.push_back(absl::StrCat("session ", *e.session));
+  if (e.page) parts.push_back(absl::StrCat("page ", *e.page));
+  if (e.actual_generation || e.expected_generation) {
+    parts.push_back(absl::StrCat("generation ", OrUnknown(e.actual_generation), " (expected ",
+                                 OrUnknown(e.expected_generation), ")"));
+  }
+  if (e.actual_tenant || e.actual_session) {
+    parts.push_back(
+        absl::StrCat("owner ", e.actual_tenant.value_or("?"), "/", OrUnknown(e.actual_session)));
+  }
+  if (e.mode) parts.push_back(absl::StrCat("mode ", *e.mode));
+  if (e.mode_from || e.mode_to) {
+    parts.push_back(
+        absl::StrCat("mode ", e.mode_from.value_or("?"), " -> ", e.mode_to.value_or("?")));
+  }
+  if (e.actor) parts.push_back(absl::StrCat("by ", *e.actor));
+  if (e.key_fingerprint) parts.push_back(absl::StrCat("key ", *e.key_fingerprint));
+  if (e.detail) parts.push_back(*e.detail);
+  return absl::StrJoin(parts, ", ");
+}
+
+std::string CsvHeader() { return absl::StrCat(absl::StrJoin(kCsvColumns, ","), "\r\n"); }
+
+std::string CsvRow(const Line& r) {
+  const Event& e = r.event;
+  const std::string fields[] = {absl::StrCat(r.seq),
+                                absl::StrCat(e.time_ns),
+                                FormatTime(e.time_ns),
+                                e.type,
+                                r.instance,
+                                e.tenant.value_or(""),
+                                OrEmpty(e.session),
+                                OrEmpty(e.request),
+                                OrEmpty(e.page),
+                                OrEmpty(e.expected_generation),
+                                OrEmpty(e.actual_generation),
+                                e.actual_tenant.value_or(""),
+                                OrEmpty(e.actual_session),
+                                e.reason.value_or(""),
+                                e.mode.value_or(""),
+                                e.mode_from.value_or(""),
+                                e.mode_to.value_or(""),
+                                e.actor.value_or(""),
+                                e.key_fingerprint.value_or(""),
+                                e.detail.value_or(""),
+                                ToHex(r.prev),
+                                ToHex(r.hash)};
+  static_assert(std::size(fields) == std::size(kCsvColumns));
+  std::string row;
+  for (size_t i = 0; i < std::size(fields); ++i) {
+    if (i > 0) row.push_back(',');
+    CsvField(&row, fields[i]);
+  }
+  row.append("\r\n");
+  return row;
+}
+
+absl::Status ExportRecords(const std::string& dir, const RecordFilter& filter, ExportFormat format,
+                           absl::FunctionRef<void(std::string_view)> out) {
+  if (format == ExportFormat::kCsv) out(CsvHeader());
+  std::string buf;
+  return ScanRecords(dir, filter, [&](const Line& record, std::string_view line) {
+    if (format == ExportFormat::kCsv) {
+      out(CsvRow(record));
+    } else {
+      buf.assign(line.data(), line.size());
+      buf.push_back('\n');
+      out(buf);
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<uint64_t> LogFollower::Poll(
+    absl::FunctionRef<void(const Line&, std::string_view)> fn) {
+  if (index_ == 0) {
+    absl::StatusOr<LogDirectory> listing = ListLogDirectory(dir_);
+    if (!listing.ok()) return listing.status();
+    if (listing->indexes.empty()) return 0;
+    index_ = listing->indexes.front();
+  }
+  uint64_t count = 0;
+  std::string data;
+  for (;;) {
+    const std::string name = FileName(index_);
+    // Look for the next file before reading this one to its end: the writer finishes a file
+    // before it creates the next, so once the next exists this read sees all of this one.
+    struct stat st;
+    const bool next_exists = stat((dir_ + "/" + FileName(index_ + 1)).c_str(), &st) == 0;
+    const std::string path = dir_ + "/" + name;
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT) return count;
+      return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", path));
+    }
+    data.clear();
+    char buf[1 << 16];
+    uint64_t at = offset_;
+    for (;;) {
+      const ssize_t n = pread(fd, buf, sizeof(buf), static_cast<off_t>(at));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        const int err = errno;
+        close(fd);
+        return absl::ErrnoToStatus(err, absl::StrCat("cannot read ", path));
+      }
+      if (n == 0) break;
+      data.append(buf, static_cast<size_t>(n));
+      at += static_cast<uint64_t>(n);
+    }
+    close(fd);
+    size_t start = 0;
+    for (size_t nl = data.find('\n'); nl != std::string::npos; nl = data.find('\n', start)) {
+      const std::string_view text(data.data() + start, nl - start);
+      absl::StatusOr<Line> line = ParseLine(text);
+      if (!line.ok()) return LineError(name, line_ + 1, line.status().message());
+      ++line_;
+      offset_ += nl + 1 - start;
+      start = nl + 1;
+      if (line->kind == Line::Kind::kRecord) {
+        fn(*line, text);
+        ++count;
+      }
+    }
+    if (!next_exists) return count;
+    if (start != data.size()) return LineError(name, line_ + 1, "the last line is cut short");
+    ++index_;
+    offset_ = 0;
+    line_ = 0;
+  }
+}
+
+absl::StatusOr<std::string> ProveRecord(const std::string& dir, uint64_t seq) {
+  absl::StatusOr<LogDirectory> listing = ListLogDirectory(dir);
+  if (!listing.ok()) return listing.status();
+  std::vector<Hash> leaves;
+  std::string leaf_line;
+  std::string checkpoint_line;
+  Checkpoint checkpoint;
+  bool have_checkpoint = false;
+  for (int index : listing->indexes) {
+    const std::string name = FileName(index);
+    std::string unterminated;
+    absl::Status s = ForEachLine(
+        dir + "/" + name,
+        [&](std::string_view text, uint64_t number) -> absl::Status {
+          absl::StatusOr<Line> line = ParseLine(text);
+          if (!line.ok()) return LineError(name, number, line.status().message());
+          if (line->kind == Line::Kind::kCheckpoint) {
+            checkpoint = line->checkpoint;
+            checkpoint_line = std::string(text);
+            have_checkpoint = true;
+            return absl::OkStatus();
+          }
+          if (line->seq != leaves.size()) {
+            return absl::DataLossError(absl::StrCat(name, " line ", number, ": seq ", line->seq,
+                                                    " where seq ", leaves.size(),
+                                                    " belongs (run kvguard audit verify)"));
+          }
+          if (line->seq == seq) leaf_line = std::string(text);
+          leaves.push_back(LeafHash(text));
+          return absl::OkStatus();
+        },
+        &unterminated);
+    if (!s.ok()) return s;
+  }
+  if (seq >= leaves.size()) {
+    return absl::NotFoundError(
+        absl::StrCat("the log has ", leaves.size(), " records; there is no seq ", seq));
+  }
+  if (!have_checkpoint || checkpoint.size <= seq) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no checkpoint covers seq ", seq, " yet (the latest covers ",
+        have_checkpoint ? checkpoint.size : 0, " records); try again after the next checkpoint"));
+  }
+  if (checkpoint.size > leaves.size() ||
+      RootOf(std::span<const Hash>(leaves.data(), checkpoint.size)) != checkpoint.root) {
+    return absl::DataLossError(absl::StrCat("the records do not match the checkpoint of size ",
+                                            checkpoint.size, " (run kvguard audit verify)"));
+  }
+  absl::StatusOr<std::vector<Hash>> path = InclusionProof(leaves, seq, checkpoint.size);
+  if (!path.ok()) return path.status();
+  nlohmann::ordered_json proof;
+  proof["v"] = kFormatVersion;
+  proof["log_id"] = checkpoint.log_id;
+  proof["index"] = seq;
+  proof["size"] = checkpoint.size;
+  proof["leaf"] = leaf_line;
+  proof["path"] = nlohmann::ordered_json::array();
+  for (const Hash& h : *path) proof["path"].push_back(ToHex(h));
+  proof["checkpoint"] = nlohmann::ordered_json::parse(checkpoint_line);
+  return proof.dump(2) + "\n";
+}
+
+absl::StatusOr<ProvenRecord> CheckProof(std::string_view proof_json,
+                                        std::optional<std::string_view> record_line,
+                                        const VerifyingKey& key) {
+  auto bad = [](std::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("proof: ", Sv(why)));
+  };
+  const nlohmann::ordered_json p =
+      nlohmann::ordered_json::parse(proof_json.begin(), proof_json.end(), nullptr, false);
+  if (p.is_discarded() || !p.is_object()) return bad("not a JSON object");
+  for (const auto& [k, v] : p.items()) {
+    static constexpr std::string_view kKeys[] = {"v",    "log_id", "index",     "size",
+                                                 "leaf", "path",   "checkpoint"};
+    if (std::find(std::begin(kKeys), std::end(kKeys), k) == std::end(kKeys)) {
+      return bad(absl::StrCat("unknown field '", k, "'"));
+    }
+  }
+  auto v = p.find("v");
+  if (v == p.end() || !v->is_number_integer() || v->get<int64_t>() != kFormatVersion) {
+    return bad(absl::StrCat("not format version ", kFormatVersion));
+  }
+  auto log_id = p.find("log_id");
+  auto index = p.find("index");
+  auto size = p.find("size");
+  auto leaf = p.find("leaf");
+  auto path = p.find("path");
+  auto cp = p.find("checkpoint");
+  if (log_id == p.end() || !log_id->is_string()) return bad("'log_id' missing or not a string");
+  if (index == p.end() || !index->is_number_unsigned()) {
+    return bad("'index' missing or not a non-negative integer");
+  }
+  if (size == p.end() || !size->is_number_unsigned()) {
+    return bad("'size' missing or not a non-negative integer");
+  }
+  if (leaf == p.end() || !leaf->is_string()) return bad("'leaf' missing or not a string");
+  if (path == p.end() || !path->is_array()) return bad("'path' missing or not an array");
+  if (cp == p.end() || !cp->is_object()) return bad("'checkpoint' missing or not an object");
+
+  ProvenRecord out;
+  out.line = leaf->get<std::string>();
+  if (record_line && *record_line != out.line) {
+    return bad("the leaf is not the record line given");
+  }
+  absl::StatusOr<Line> record = ParseLine(out.line);
+  if (!record.ok()) return bad(absl::StrCat("leaf: ", record.status().message()));
+  if (record->kind != Line::Kind::kRecord) return bad("the leaf is not a record");
+  if (!record->hash_ok) return bad("the leaf's hash does not match its bytes");
+  const uint64_t i = index->get<uint64_t>();
+  const uint64_t n = size->get<uint64_t>();
+  if (record->seq != i) {
+    return bad(absl::StrCat("the leaf is seq ", record->seq, ", not index ", i));
+  }
+  out.record = *std::move(record);
+
+  std::vector<Hash> hashes;
+  for (const nlohmann::ordered_json& h : *path) {
+    absl::StatusOr<Hash> parsed =
+        h.is_string() ? HashFromHex(h.get<std::string>())
+                      : absl::StatusOr<Hash>(absl::InvalidArgumentError("not a string"));
+    if (!parsed.ok()) {
+      return bad(absl::StrCat("path element ", hashes.size(), " is not 64 lowercase hex digits"));
+    }
+    hashes.push_back(*parsed);
+  }
+
+  // The checkpoint in the writer's key order: ParseLine then checks it as it checks the log's.
+  static constexpr const char* kCheckpointKeys[] = {"v",    "type",    "log_id", "size", "head",
+                                                    "root", "time_ns", "key_fp", "sig"};
+  if (cp->size() != std::size(kCheckpointKeys)) {
+    return bad("the checkpoint does not have exactly a checkpoint's fields");
+  }
+  nlohmann::ordered_json canonical;
+  for (const char* k : kCheckpointKeys) {
+    auto it = cp->find(k);
+    if (it == cp->end()) return bad(absl::StrCat("the checkpoint has no '", k, "'"));
+    canonical[k] = *it;
+  }
+  absl::StatusOr<Line> c = ParseLine(canonical.dump());
+  if (!c.ok()) return bad(absl::StrCat("checkpoint: ", c.status().message()));
+  if (c->kind != Line::Kind::kCheckpoint) return bad("the checkpoint is not a checkpoint");
+  out.checkpoint = c->checkpoint;
+  const Checkpoint& ck = out.checkpoint;
+  if (ck.log_id != log_id->get<std::string>()) return bad("log_id differs from the checkpoint's");
+  if (ck.size != n) {
+    return bad(absl::StrCat("size ", n, " is not the checkpoint's size (", ck.size, ")"));
+  }
+  if (ck.key_fp != key.Fingerprint()) {
+    return bad(absl::StrCat("the checkpoint is signed by key ", ck.key_fp,
+                            ", not by the public key given (", key.Fingerprint(), ")"));
+  }
+  if (!key.Verify(CheckpointMessage(ck.log_id, ck.size, ck.head, ck.root), ck.sig)) {
+    return bad("the checkpoint's signature does not verify with the public key");
+  }
+  if (i >= n) return bad(absl::StrCat("index ", i, " is not below size ", n));
+  if (i + 1 == n && out.record.hash != ck.head) {
+    return bad("the leaf is the checkpoint's last record but not its head");
+  }
+  if (!VerifyInclusion(LeafHash(out.line), i, n, hashes, ck.root)) {
+    return bad(absl::StrCat("the audit path does not lead from leaf ", i, " to the root of the ", n,
+                            "-record tree the checkpoint signs"));
+  }
+  return out;
+}
+
+}  // namespace kvguard::audit
