@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "audit/verifier.h"
 #include "openssl/rand.h"
 
 namespace kvguard::audit {
@@ -138,6 +140,13 @@ absl::StatusOr<std::unique_ptr<AuditLog>> AuditLog::Open(LogOptions options) {
     return Errno("audit log: create directory", options.dir);
   }
   std::unique_ptr<AuditLog> log(new AuditLog(std::move(options)));
+  const std::string lock_path = log->options_.dir + "/lock";
+  log->lock_fd_ = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (log->lock_fd_ < 0) return Errno("audit log: open", lock_path);
+  if (flock(log->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "audit log ", log->options_.dir, " is held by another writer (", lock_path, ")"));
+  }
   if (absl::Status s = log->Recover(); !s.ok()) return s;
   {
     std::lock_guard<std::mutex> lock(log->mu_);
@@ -160,6 +169,12 @@ absl::Status AuditLog::Recover() {
       return absl::DataLossError(absl::StrCat("audit log: ", id_path, " is not a 32-hex log id"));
     }
   } else {
+    absl::StatusOr<std::vector<int>> existing = LogFiles(options_.dir);
+    if (existing.ok() && !existing->empty()) {
+      return absl::DataLossError(absl::StrCat("audit log: ", id_path,
+                                              " is missing but the log has files; refusing to "
+                                              "start a second log id (run kvguard audit verify)"));
+    }
     absl::StatusOr<std::string> fresh = RandomHex(16);
     if (!fresh.ok()) return fresh.status();
     log_id_ = *fresh;
@@ -168,7 +183,14 @@ absl::Status AuditLog::Recover() {
   }
   absl::StatusOr<std::vector<int>> files = LogFiles(options_.dir);
   if (!files.ok()) return files.status();
-  if (files->empty()) return OpenFileLocked(1);
+  if (files->empty()) {
+    if (!options_.witness_file.empty() && access(options_.witness_file.c_str(), F_OK) == 0) {
+      return absl::DataLossError(absl::StrCat(
+          "audit log: ", options_.dir, " is empty, but this writer signed a log there before (",
+          options_.witness_file, "); refusing to start a new history in its place"));
+    }
+    return OpenFileLocked(1);
+  }
   for (size_t i = 0; i < files->size(); ++i) {
     if ((*files)[i] != static_cast<int>(i) + 1) {
       return absl::DataLossError(absl::StrCat("audit log: ", FileName(static_cast<int>(i) + 1),
@@ -242,8 +264,12 @@ absl::Status AuditLog::Recover() {
     }
   }
   stats_.records = seq_;
-  const int open_index = ends_with_rotation && !recovery ? files->back() + 1 : files->back();
+  // The whole log, cut back to its last good record, must verify and extend what this writer
+  // last signed: refuse rather than sign a history someone rewrote meanwhile.
+  const int open_index = ends_with_rotation ? files->back() + 1 : files->back();
   if (absl::Status s = OpenFileLocked(open_index); !s.ok()) return s;
+  // (After a crash mid-rotation, the file the rotation record names now exists, empty.)
+  if (absl::Status s = VerifyOnOpen(); !s.ok()) return s;
   if (recovery) {
     if (absl::Status s = AppendLocked(std::move(*recovery)); !s.ok()) return s;
   }
@@ -260,12 +286,16 @@ absl::Status AuditLog::OpenFileLocked(int index) {
     close(fd);
     return s;
   }
+  if (absl::Status s = FsyncDir(options_.dir); !s.ok()) {  // before the file counts as made
+    close(fd);
+    return s;
+  }
   if (fd_ >= 0) close(fd_);
   fd_ = fd;
   file_index_ = index;
   file_bytes_ = static_cast<uint64_t>(st.st_size);
   stats_.files = index;
-  return FsyncDir(options_.dir);
+  return absl::OkStatus();
 }
 
 absl::Status AuditLog::Append(Event event) {
@@ -299,6 +329,9 @@ absl::Status AuditLog::AppendLocked(Event event) {
     pending_.append(line).push_back('\n');
     ++pending_records_;
   }
+  // The rotation record is the last line of its file: whatever follows (a checkpoint it
+  // triggers included) waits for the next file, even if the flush below fails.
+  if (event.type == "log_rotation") rotation_pending_ = true;
   absl::Status s;
   if (since_checkpoint_ >= options_.checkpoint_every) {
     s = CheckpointLocked();
@@ -370,16 +403,59 @@ absl::Status AuditLog::CheckpointLocked() {
   since_checkpoint_ = 0;
   last_checkpoint_ms_ = MonotonicMs();
   ++stats_.checkpoints;
-  return FlushLocked();
+  const std::string line = FormatCheckpoint(c);
+  absl::Status s = FlushLocked();
+  if (s.ok() && !rotation_pending_) s = SaveWitness(line);
+  return s;
+}
+
+absl::Status AuditLog::SaveWitness(const std::string& checkpoint_line) {
+  if (options_.witness_file.empty()) return absl::OkStatus();
+  const std::string tmp = options_.witness_file + ".tmp";
+  unlink(tmp.c_str());
+  if (absl::Status s = WriteNewFile(tmp, checkpoint_line + "\n"); !s.ok()) return s;
+  if (rename(tmp.c_str(), options_.witness_file.c_str()) != 0) {
+    return Errno("rename", options_.witness_file);
+  }
+  const size_t slash = options_.witness_file.rfind('/');
+  return FsyncDir(slash == std::string::npos ? "." : options_.witness_file.substr(0, slash));
+}
+
+absl::Status AuditLog::VerifyOnOpen() {
+  absl::StatusOr<VerifyingKey> key = VerifyingKey::FromRaw(options_.key->PublicKeyRaw());
+  if (!key.ok()) return key.status();
+  VerifyOptions vo;
+  if (!options_.witness_file.empty()) {
+    absl::StatusOr<std::string> text = ReadFile(options_.witness_file);
+    if (text.ok()) {
+      absl::StatusOr<Line> w = ParseLine(std::string(absl::StripTrailingAsciiWhitespace(*text)));
+      if (!w.ok() || w->kind != Line::Kind::kCheckpoint) {
+        return absl::DataLossError(absl::StrCat("audit log: witness ", options_.witness_file,
+                                                " is not a checkpoint line"));
+      }
+      vo.witness = w->checkpoint;
+    } else if (seq_ > 0) {
+      return absl::DataLossError(absl::StrCat(
+          "audit log: ", options_.dir, " has records but this writer's witness ",
+          options_.witness_file, " is missing; refusing to sign a history it cannot vouch for"));
+    }
+  }
+  absl::StatusOr<VerifyReport> report = VerifyLog(options_.dir, *key, vo);
+  if (!report.ok()) return report.status();
+  if (report->failure) {
+    return absl::DataLossError(
+        absl::StrCat("audit log ", options_.dir,
+                     " does not verify; not writing on top of it: ", report->failure->ToString()));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status AuditLog::RotateLocked() {
   Event e;
   e.type = "log_rotation";
   e.detail = FileName(file_index_ + 1);
-  if (absl::Status s = AppendLocked(std::move(e)); !s.ok()) return s;
-  rotation_pending_ = true;  // from here on, new lines wait for the next file
-  return FlushLocked();      // writes the rotation record, then opens the next file
+  if (absl::Status s = AppendLocked(std::move(e)); !s.ok()) return s;  // sets rotation_pending_
+  return FlushLocked();  // writes the rotation record, then opens the next file
 }
 
 absl::Status AuditLog::Flush() {
@@ -421,6 +497,10 @@ absl::Status AuditLog::Close() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_) return absl::OkStatus();
+    if (fd_ < 0) {  // Open failed before the log was writable: nothing to stop
+      closed_ = true;
+      return absl::OkStatus();
+    }
     Event stop;
     stop.type = "service_stop";
     stop.detail = absl::StrCat("instance ", options_.instance);
@@ -436,6 +516,9 @@ absl::Status AuditLog::Close() {
   return s;
 }
 
-AuditLog::~AuditLog() { Close().IgnoreError(); }
+AuditLog::~AuditLog() {
+  Close().IgnoreError();
+  if (lock_fd_ >= 0) close(lock_fd_);
+}
 
 }  // namespace kvguard::audit

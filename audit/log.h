@@ -8,11 +8,15 @@
 // log. Files rotate at rotate_bytes; one chain runs through all of them.
 //
 // Crash recovery (Open on an existing directory): the whole log is read back to rebuild the
-// chain head and the tree. A torn tail (an unterminated last line, or a last line that does
-// not parse or whose hash does not match its bytes) is moved to torn-<unix_ns>.bin, never
-// dropped, the file is cut back to its last good record, and a `recovery` record saying so
-// continues the chain. Damage anywhere but the tail is not repaired: Open refuses the log
-// (run `kvguard audit verify` on it) rather than write on top of it.
+// chain head and the tree, and verified in full (chain, canonical form, every checkpoint's
+// signature, and the writer's witness, see LogOptions::witness_file) before anything is
+// written: a log damaged or rewritten while the service was down is refused (DataLoss), never
+// signed again. One writer per directory (an exclusive lock on DIR/lock). A torn tail (an
+// unterminated last line, or a last line that does not parse or whose hash does not match its
+// bytes) is moved to torn-<unix_ns>.bin, never dropped, the file is cut back to its last good
+// record, and a `recovery` record saying so continues the chain. Damage anywhere but the tail is
+// not repaired: Open refuses the log (run `kvguard audit verify` on it) rather than write on top of
+// it.
 //
 // When the disk fails (full, permissions), Append returns the error and Healthy() reports it
 // until a later write succeeds; the engine then refuses strict tenants and raises an alarm for
@@ -45,6 +49,11 @@ struct LogOptions {
   uint64_t rotate_bytes = uint64_t{64} << 20;  // start a new file past this size
   uint64_t batch_records = 512;                // write + fsync after this many pending records
   int64_t batch_interval_ms = 100;             // or when the flusher next wakes (this period)
+  // The writer's own witness: the newest checkpoint it signed, kept outside the log directory
+  // (beside the signing key). At Open the log must verify in full and extend it, so records
+  // rewritten (and their checkpoints deleted) while the service was down are refused rather
+  // than signed again, and a directory replaced wholesale is refused too. "" = none (tests).
+  std::string witness_file;
 };
 
 struct LogStats {
@@ -98,6 +107,10 @@ class AuditLog {
   absl::Status CheckpointLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status OpenFileLocked(int index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status RotateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SaveWitness replaces options_.witness_file with `checkpoint_line` (atomically).
+  absl::Status SaveWitness(const std::string& checkpoint_line) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // VerifyOnOpen runs the auditor's full check (VerifyLog) with the writer's witness.
+  absl::Status VerifyOnOpen() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FlusherLoop();
 
   LogOptions options_;
@@ -123,6 +136,7 @@ class AuditLog {
   absl::Status health_ ABSL_GUARDED_BY(mu_);
   LogStats stats_ ABSL_GUARDED_BY(mu_);
   std::thread flusher_;
+  int lock_fd_ = -1;  // flock(DIR/lock): one writer per directory
 };
 
 }  // namespace kvguard::audit

@@ -152,6 +152,7 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const Loaded& loaded,
     audit::LogOptions lo;
     lo.dir = options.audit_log_dir;
     lo.key = std::move(*key);
+    lo.witness_file = options.audit_log_dir + ".witness";  // beside the key, outside the log
     absl::StatusOr<std::unique_ptr<audit::AuditLog>> log = audit::AuditLog::Open(std::move(lo));
     if (!log.ok()) return log.status();
     eo.isolation.sink = std::make_shared<AuditLogSink>(std::move(*log));

@@ -72,7 +72,9 @@ Mode Guard::mode(TenantId tenant) const {
 absl::Status Guard::Append(AuditEvent event) {
   event.unix_nanos = UnixNanos();
   absl::Status s = sink_->Append(event);
-  if (s.ok()) {
+  // An accepted event may still be waiting for the disk: only a healthy sink lifts strict's
+  // fail-closed state.
+  if (s.ok() && sink_->Healthy().ok()) {
     std::lock_guard<std::mutex> lock(mu_);
     strict_unrecorded_ = false;  // the sink records again
   }

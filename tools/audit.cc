@@ -261,6 +261,12 @@ int Verify(const Flags& f) {
   if (!report.ok()) return Fail("verify", report.status());
   std::printf("%s\n", audit::Summary(*report).c_str());
   if (!report->ok()) return 1;
+  if (report->checkpoints == 0) {
+    // Nothing is signed: the chain alone proves nothing to someone without the key.
+    std::fprintf(stderr,
+                 "kvguard audit verify: no checkpoint: nothing in this log is signed yet\n");
+    return 1;
+  }
   if (!f.save_witness.empty()) {
     if (report->last_checkpoint_line.empty()) {
       return Fail("verify", "--save-witness: the log has no checkpoint yet");

@@ -16,6 +16,7 @@
 
 #include "audit/record.h"
 #include "audit/signing_key.h"
+#include "audit/verifier.h"
 
 namespace kvguard::audit {
 namespace {
@@ -238,6 +239,76 @@ TEST_F(AuditLogTest, UnknownEventTypeIsRefusedKnownOneAccepted) {
   e.mode_from = "enforce";
   e.mode_to = "strict";
   EXPECT_TRUE(log->Append(e).ok());
+}
+
+// The writer's own witness (kept outside the directory) stops it from signing a history that
+// was rewritten while it was down (...so the writer must refuse to sign it); the twin reopens.
+TEST_F(AuditLogTest, AHistoryRewrittenWhileDownIsRefusedNotSignedAgain) {
+  for (const bool tamper : {false, true}) {
+    SCOPED_TRACE(tamper ? "checkpoints deleted" : "untouched twin");
+    fs::remove_all(dir_);
+    LogOptions o = Options();
+    o.witness_file = root_ + "/witness";
+    fs::remove(o.witness_file);
+    {
+      auto log = *AuditLog::Open(o);
+      for (uint64_t i = 0; i < 12; ++i) ASSERT_TRUE(log->Append(Violation(i)).ok());
+    }
+    if (tamper) {
+      // What anyone who can write the directory can do without the key: edit record 3,
+      // re-chain everything after it, and drop the checkpoints that would expose it.
+      std::vector<std::string> lines = Lines();
+      std::ofstream out(dir_ + "/" + FileName(1), std::ios::trunc);
+      Hash prev{};
+      for (const std::string& l : lines) {
+        Line p = *ParseLine(l);
+        if (p.kind != Line::Kind::kRecord) continue;
+        if (p.seq == 3) p.event.detail = "forged";
+        Hash hash;
+        out << FormatRecord(p.event, p.seq, p.instance, prev, &hash) << "\n";
+        prev = hash;
+      }
+      out.close();
+      // An auditor without a witness sees a well-formed, merely unsigned tail...
+      const VerifyingKey vk = *VerifyingKey::FromPem(key_->PublicKeyPem());
+      const VerifyReport blind = *VerifyLog(dir_, vk, {});
+      EXPECT_FALSE(blind.failure.has_value());
+      EXPECT_EQ(blind.checkpoints, 0u);
+    }
+    absl::StatusOr<std::unique_ptr<AuditLog>> again = AuditLog::Open(o);
+    if (tamper) {
+      EXPECT_EQ(again.status().code(), absl::StatusCode::kDataLoss) << again.status();
+    } else {
+      EXPECT_TRUE(again.ok()) << again.status();
+    }
+  }
+}
+
+TEST_F(AuditLogTest, AnEmptiedDirectoryIsNotANewLogForAWriterThatSignedThere) {
+  LogOptions o = Options();
+  o.witness_file = root_ + "/witness";
+  { auto log = *AuditLog::Open(o); }
+  fs::remove_all(dir_);
+  EXPECT_EQ(AuditLog::Open(o).status().code(), absl::StatusCode::kDataLoss);
+  fs::remove(o.witness_file);  // twin: a writer that never signed there may start afresh
+  EXPECT_TRUE(AuditLog::Open(o).ok());
+}
+
+TEST_F(AuditLogTest, OneWriterPerDirectory) {
+  auto first = *AuditLog::Open(Options());
+  EXPECT_EQ(AuditLog::Open(Options()).status().code(), absl::StatusCode::kFailedPrecondition);
+  first.reset();
+  EXPECT_TRUE(AuditLog::Open(Options()).ok());  // twin: once the first has closed
+}
+
+TEST_F(AuditLogTest, WriterOnlyEventTypesAreRefusedFromCallers) {
+  auto log = *AuditLog::Open(Options());
+  for (const char* type : {"service_start", "service_stop", "log_rotation", "recovery"}) {
+    Event e;
+    e.type = type;
+    EXPECT_EQ(log->Append(e).code(), absl::StatusCode::kInvalidArgument) << type;
+  }
+  EXPECT_TRUE(log->Append(Violation(1)).ok());
 }
 
 }  // namespace
