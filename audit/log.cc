@@ -396,7 +396,7 @@ absl::Status AuditLog::CheckpointLocked() {
   c.time_ns = NowNs();
   c.key_fp = options_.key->Fingerprint();
   absl::StatusOr<std::string> sig =
-      options_.key->Sign(CheckpointMessage(c.log_id, c.size, c.head, c.root));
+      options_.key->Sign(CheckpointMessage(c.log_id, c.size, c.head, c.root, c.time_ns));
   if (!sig.ok()) return sig.status();
   c.sig = *std::move(sig);
   (rotation_pending_ ? next_pending_ : pending_).append(FormatCheckpoint(c)).push_back('\n');

@@ -463,7 +463,7 @@ absl::StatusOr<ProvenRecord> CheckProof(std::string_view proof_json,
     return bad(absl::StrCat("the checkpoint is signed by key ", ck.key_fp,
                             ", not by the public key given (", key.Fingerprint(), ")"));
   }
-  if (!key.Verify(CheckpointMessage(ck.log_id, ck.size, ck.head, ck.root), ck.sig)) {
+  if (!key.Verify(CheckpointMessage(ck.log_id, ck.size, ck.head, ck.root, ck.time_ns), ck.sig)) {
     return bad("the checkpoint's signature does not verify with the public key");
   }
   if (i >= n) return bad(absl::StrCat("index ", i, " is not below size ", n));

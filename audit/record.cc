@@ -166,11 +166,12 @@ std::string FormatRecord(const Event& event, uint64_t seq, std::string_view inst
 }
 
 std::string CheckpointMessage(std::string_view log_id, uint64_t size, const Hash& head,
-                              const Hash& root) {
+                              const Hash& root, int64_t time_ns) {
   std::string m = absl::StrCat(std::string(kCheckpointDomain), std::string(log_id), "\n");
   PutBe64(&m, size);
   m.append(reinterpret_cast<const char*>(head.data()), head.size());
   m.append(reinterpret_cast<const char*>(root.data()), root.size());
+  PutBe64(&m, static_cast<uint64_t>(time_ns));
   return m;
 }
 

@@ -58,7 +58,7 @@ struct Checkpoint {
 
 // CheckpointMessage returns the bytes a checkpoint's signature covers (FORMAT.md).
 std::string CheckpointMessage(std::string_view log_id, uint64_t size, const Hash& head,
-                              const Hash& root);
+                              const Hash& root, int64_t time_ns);
 
 // FormatCheckpoint returns the checkpoint's line (without '\n').
 std::string FormatCheckpoint(const Checkpoint& c);

@@ -196,7 +196,7 @@ bool Verifier::CheckWitnessSignature() {
                 std::nullopt, false);
   }
   if (w.key_fp != key_fp_ ||
-      !key_.Verify(CheckpointMessage(w.log_id, w.size, w.head, w.root), w.sig)) {
+      !key_.Verify(CheckpointMessage(w.log_id, w.size, w.head, w.root, w.time_ns), w.sig)) {
     return Fail("the witness checkpoint's signature does not verify with the public key",
                 std::nullopt, false);
   }
@@ -289,7 +289,7 @@ bool Verifier::CheckCheckpoint(std::string_view text, const Checkpoint& c) {
     return FailCheckpoint(absl::StrCat("checkpoint is signed by key ", c.key_fp,
                                        ", not by the public key given (", key_fp_, ")"));
   }
-  if (!key_.Verify(CheckpointMessage(c.log_id, c.size, c.head, c.root), c.sig)) {
+  if (!key_.Verify(CheckpointMessage(c.log_id, c.size, c.head, c.root, c.time_ns), c.sig)) {
     return FailCheckpoint("checkpoint signature does not verify with the public key");
   }
   covered_ = c.size;

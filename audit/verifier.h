@@ -23,9 +23,8 @@
 //  * Honesty of the writer. A holder of the signing key can sign any history; the signature
 //    proves who vouched for the log, not that the events happened.
 //  * Freshness and completeness of the events: a service that never wrote a record leaves
-//    no trace here. Timestamps are the writer's clock and are not checked. A checkpoint's
-//    time_ns is not in its signed message (FORMAT.md), so it can be changed undetected;
-//    record times are in the chain.
+//    no trace here. Timestamps are the writer's clock and are not checked for plausibility
+//    (they are covered: record times by the chain, checkpoint times by the signature).
 //  * torn-*.bin files (bytes the writer set aside after a crash) and `recovery` records are
 //    reported, not judged: the chain runs on past them.
 #ifndef KVGUARD_AUDIT_VERIFIER_H_

@@ -117,10 +117,10 @@ TEST_F(AuditLogTest, RecordsChainAndCheckpointsAreSigned) {
     EXPECT_EQ(c.root, tree.Root());
     EXPECT_EQ(c.head, head);
     EXPECT_EQ(c.key_fp, key_->Fingerprint());
-    EXPECT_TRUE(vk.Verify(CheckpointMessage(c.log_id, c.size, c.head, c.root), c.sig));
+    EXPECT_TRUE(vk.Verify(CheckpointMessage(c.log_id, c.size, c.head, c.root, c.time_ns), c.sig));
     std::string forged = c.sig;
     forged[0] ^= 1;
-    EXPECT_FALSE(vk.Verify(CheckpointMessage(c.log_id, c.size, c.head, c.root), forged));
+    EXPECT_FALSE(vk.Verify(CheckpointMessage(c.log_id, c.size, c.head, c.root, c.time_ns), forged));
   }
   EXPECT_EQ(checkpoints, 3);  // sizes 5 and 10, then 14 at close
 }

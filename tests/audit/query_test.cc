@@ -531,7 +531,7 @@ TEST_F(ProofTest, CheckpointSignedByAnotherKeyOrAlteredFails) {
   };
   auto sign = [](Checkpoint k, const SigningKey& key) {
     k.key_fp = key.Fingerprint();
-    k.sig = *key.Sign(CheckpointMessage(k.log_id, k.size, k.head, k.root));
+    k.sig = *key.Sign(CheckpointMessage(k.log_id, k.size, k.head, k.root, k.time_ns));
     return k;
   };
   // Re-signed by another key: checks under that key, not under the log's.

@@ -251,7 +251,7 @@ class VerifierTest : public ::testing::Test {
   // Signed returns checkpoint `c` signed by `key` (with its fingerprint unless keep_fp).
   static std::string Signed(Checkpoint c, const SigningKey& key, bool keep_fp = false) {
     if (!keep_fp) c.key_fp = key.Fingerprint();
-    c.sig = *key.Sign(CheckpointMessage(c.log_id, c.size, c.head, c.root));
+    c.sig = *key.Sign(CheckpointMessage(c.log_id, c.size, c.head, c.root, c.time_ns));
     return FormatCheckpoint(c);
   }
 
@@ -373,9 +373,8 @@ TEST_F(VerifierTest, EveryByteOfARecordFailsAtThatRecord) {
   EXPECT_TRUE(Verify(dir_).ok());
 }
 
-// Every byte of a checkpoint, flipped in turn, fails at that checkpoint. (^ 0x42 turns a digit
-// into a letter; a digit of time_ns changed into another digit would pass: see
-// CheckpointTimeIsNotSigned.)
+// Every byte of a checkpoint, flipped in turn, fails at that checkpoint (digit-for-digit
+// changes of time_ns too: CheckpointTimeIsSigned).
 TEST_F(VerifierTest, EveryByteOfACheckpointFailsAtIt) {
   const auto checkpoints = Checkpoints();
   const auto& [w, original] = checkpoints[checkpoints.size() / 2];
@@ -737,16 +736,19 @@ TEST_F(VerifierTest, CheckpointAlteredFails) {
   ExpectFailsAt(c.size - 1, "checkpoint of size", file, w.line + 1);
 }
 
-TEST_F(VerifierTest, CheckpointTimeIsNotSigned) {
-  // Documented limit: FORMAT.md's signed message has no time; a changed checkpoint time_ns
-  // verifies. (Record times are in the chain.)
+TEST_F(VerifierTest, CheckpointTimeIsSigned) {
+  // The checkpoint's time_ns is in its signed message: changed (digit for digit, so the line
+  // still parses), the checkpoint fails; the twin is the untouched log.
+  ExpectGolden();
   const auto checkpoints = Checkpoints();
   const auto& [w, line] = checkpoints[4];
   Checkpoint c = Parsed(line);
   c.time_ns += 1000;
   files_[w.file].lines[w.line] = FormatCheckpoint(c);
   WriteLog(dir_, files_);
-  EXPECT_TRUE(Verify(dir_).ok());
+  VerifyReport r = Verify(dir_);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.failure->line, w.line + 1) << r.failure->ToString();
 }
 
 // Recovery after a crash in the middle of a write: the torn bytes fail verification until the
