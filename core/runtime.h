@@ -40,6 +40,8 @@ struct RuntimeOptions {
   // auditor is handed).
   std::string audit_log_dir;
   std::string audit_signing_key;
+  int audit_batch_records = 512;      // non-durable records per write + fsync
+  int audit_checkpoint_every = 1000;  // records per signed checkpoint
 };
 
 // Loaded is a model with its tokenizer and FP8 KV scales, ready for any number of engines.

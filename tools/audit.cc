@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "audit/query.h"
 #include "audit/signing_key.h"
 #include "audit/verifier.h"
@@ -38,8 +39,9 @@ constexpr char kUsage[] =
     "                                  every matching record (jsonl: the lines as written)\n"
     "  prove DIR --seq N [--out FILE]  inclusion proof of record N against the latest\n"
     "                                  checkpoint (JSON)\n"
-    "  check-proof --pubkey FILE --proof FILE\n"
-    "                                  verify a proof with only the public key\n"
+    "  check-proof --pubkey FILE --proof FILE [--record FILE]\n"
+    "                                  verify a proof with only the public key (--record:\n"
+    "                                  and that it proves exactly this record line)\n"
     "  pubkey --signing-key FILE [--out FILE]\n"
     "                                  print (or write) the public key PEM, creating the\n"
     "                                  signing key (mode 0600) if absent\n"
@@ -79,7 +81,7 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, const std::string&
 // Flags is every flag any audit command takes; each command refuses those it does not use.
 struct Flags {
   std::string dir;
-  std::string pubkey, witness, save_witness, proof, signing_key, out, format;
+  std::string pubkey, witness, save_witness, proof, signing_key, out, format, record;
   std::optional<uint64_t> seq;
   audit::RecordFilter filter;
   bool json = false, follow = false;
@@ -138,6 +140,8 @@ std::string ParseFlags(const std::vector<std::string>& argv, Flags* f) {
       error = str(&f->save_witness);
     } else if (a.Flag("--proof")) {
       error = str(&f->proof);
+    } else if (a.Flag("--record")) {
+      error = str(&f->record);
     } else if (a.Flag("--signing-key")) {
       error = str(&f->signing_key);
     } else if (a.Flag("--out")) {
@@ -373,7 +377,14 @@ int CheckProofCommand(const Flags& f) {
   if (!key.ok()) return Fail("check-proof", key.status());
   absl::StatusOr<std::string> proof = ReadFile(f.proof, "proof");
   if (!proof.ok()) return Fail("check-proof", proof.status());
-  absl::StatusOr<audit::ProvenRecord> proven = audit::CheckProof(*proof, std::nullopt, *key);
+  std::optional<std::string> record;
+  if (!f.record.empty()) {
+    absl::StatusOr<std::string> text = ReadFile(f.record, "record");
+    if (!text.ok()) return Fail("check-proof", text.status());
+    record = std::string(absl::StripTrailingAsciiWhitespace(*text));
+  }
+  absl::StatusOr<audit::ProvenRecord> proven = audit::CheckProof(
+      *proof, record ? std::optional<std::string_view>(*record) : std::nullopt, *key);
   if (!proven.ok()) {
     std::printf("invalid: %s\n", std::string(proven.status().message()).c_str());
     return 1;
@@ -445,7 +456,7 @@ int RunAudit(const std::vector<std::string>& argv) {
   } else if (command == "prove") {
     if (check({"--seq", "--out"}, true)) run = Prove;
   } else if (command == "check-proof") {
-    if (check({"--pubkey", "--proof"}, false)) run = CheckProofCommand;
+    if (check({"--pubkey", "--proof", "--record"}, false)) run = CheckProofCommand;
   } else if (command == "pubkey") {
     if (check({"--signing-key", "--out"}, false)) run = Pubkey;
   } else {

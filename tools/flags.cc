@@ -26,7 +26,10 @@ const char kEngineFlagsHelp[] =
     "  --isolation MODE             off | enforce | strict: this tenant's mode\n"
     "  --audit-log DIR              write the tamper-evident audit log there\n"
     "  --audit-signing-key PATH     its Ed25519 key (default DIR.signing-key; created\n"
-    "                               with mode 0600 if absent)\n";
+    "                               with mode 0600 if absent)\n"
+    "  --audit-batch-records N      records per batched write + fsync (default 512;\n"
+    "                               strict tenants' records are always fsync'd at once)\n"
+    "  --audit-checkpoint-every N   records per signed checkpoint (default 1000)\n";
 
 bool Args::Flag(const std::string& name) {
   if (done()) return false;
@@ -142,6 +145,14 @@ bool ParseEngineFlag(Args& a, core::RuntimeOptions* o, absl::Status* status) {
   }
   if (a.Flag("--audit-log")) {
     *status = a.Value(&o->audit_log_dir);
+    return true;
+  }
+  if (a.Flag("--audit-batch-records")) {
+    *status = a.Int(&o->audit_batch_records, 1, 1 << 20);
+    return true;
+  }
+  if (a.Flag("--audit-checkpoint-every")) {
+    *status = a.Int(&o->audit_checkpoint_every, 1, 1 << 24);
     return true;
   }
   if (a.Flag("--audit-signing-key")) {
