@@ -19,9 +19,16 @@ constexpr std::array<std::string_view, 10> kEventTypes = {
     "service_start",      "service_stop", "violation",   "release_rejected", "session_quarantined",
     "tenant_quarantined", "mode_change",  "key_rotated", "log_rotation",     "recovery"};
 
+// Quote returns `v` as a JSON string. Invalid UTF-8 (an operator's name, a detail) becomes
+// U+FFFD rather than an exception: a record is always written, and stays canonical (parsing
+// and quoting it again gives the same bytes).
+std::string Quote(const std::string& v) {
+  return nlohmann::json(v).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 void AddString(std::string* out, std::string_view key, const std::optional<std::string>& v) {
   if (!v) return;
-  absl::StrAppend(out, ",\"", std::string(key), "\":", nlohmann::json(*v).dump());
+  absl::StrAppend(out, ",\"", std::string(key), "\":", Quote(*v));
 }
 
 template <class T>
@@ -34,8 +41,7 @@ void AddInt(std::string* out, std::string_view key, const std::optional<T>& v) {
 std::string Body(const Event& e, uint64_t seq, std::string_view instance, const Hash& prev) {
   std::string s =
       absl::StrCat("{\"v\":", kFormatVersion, ",\"seq\":", seq, ",\"time_ns\":", e.time_ns,
-                   ",\"type\":", nlohmann::json(e.type).dump(),
-                   ",\"instance\":", nlohmann::json(std::string(instance)).dump());
+                   ",\"type\":", Quote(e.type), ",\"instance\":", Quote(std::string(instance)));
   AddString(&s, "tenant", e.tenant);
   AddInt(&s, "session", e.session);
   AddInt(&s, "request", e.request);
@@ -177,10 +183,9 @@ std::string CheckpointMessage(std::string_view log_id, uint64_t size, const Hash
 
 std::string FormatCheckpoint(const Checkpoint& c) {
   return absl::StrCat("{\"v\":", kFormatVersion,
-                      ",\"type\":\"checkpoint\",\"log_id\":", nlohmann::json(c.log_id).dump(),
-                      ",\"size\":", c.size, ",\"head\":\"", ToHex(c.head), "\",\"root\":\"",
-                      ToHex(c.root), "\",\"time_ns\":", c.time_ns,
-                      ",\"key_fp\":", nlohmann::json(c.key_fp).dump(), ",\"sig\":\"",
+                      ",\"type\":\"checkpoint\",\"log_id\":", Quote(c.log_id), ",\"size\":", c.size,
+                      ",\"head\":\"", ToHex(c.head), "\",\"root\":\"", ToHex(c.root),
+                      "\",\"time_ns\":", c.time_ns, ",\"key_fp\":", Quote(c.key_fp), ",\"sig\":\"",
                       absl::BytesToHexString(c.sig), "\"}");
 }
 

@@ -311,5 +311,22 @@ TEST_F(AuditLogTest, WriterOnlyEventTypesAreRefusedFromCallers) {
   EXPECT_TRUE(log->Append(Violation(1)).ok());
 }
 
+// Bytes that are not UTF-8 in a field (an operator's name, a detail) never stop a record:
+// they are written as U+FFFD and the log still parses in canonical form; the twin is plain text.
+TEST_F(AuditLogTest, InvalidUtf8InAFieldIsWrittenNotThrown) {
+  {
+    auto log = *AuditLog::Open(Options());
+    Event e = Violation(1);
+    e.detail = std::string("bad \xff\xfe bytes");
+    EXPECT_TRUE(log->Append(e).ok());
+    e.detail = "plain";
+    EXPECT_TRUE(log->Append(e).ok());
+  }
+  const std::vector<Line> records = Records();
+  ASSERT_EQ(records.size(), 4u);
+  EXPECT_EQ(records[1].event.detail, "bad \xef\xbf\xbd\xef\xbf\xbd bytes");
+  EXPECT_EQ(records[2].event.detail, "plain");
+}
+
 }  // namespace
 }  // namespace kvguard::audit
