@@ -215,6 +215,7 @@ absl::Status AuditLog::Recover() {
       // The tree and chain need every record; full parsing (canonical form, hash) only where
       // it decides anything: the newest file's last line, which may be torn.
       const bool last = ok && newest && nl + 1 == data->size();
+      if (ok && checkpoint) since_checkpoint_ = 0;
       if (ok && checkpoint && last) {
         ok = ParseLine(line).ok();  // a damaged final checkpoint is a torn tail too
       } else if (ok && !checkpoint) {
@@ -237,6 +238,7 @@ absl::Status AuditLog::Recover() {
         if (ok) {
           tree_.Append(LeafHash(line));
           ++seq_;
+          ++since_checkpoint_;  // records no checkpoint covers yet: the next one comes sooner
         }
       }
       if (!ok) {
@@ -254,9 +256,10 @@ absl::Status AuditLog::Recover() {
         stats_.recovered_bytes = data->size() - pos;
         Event e;
         e.type = "recovery";
-        e.detail = absl::StrCat("set aside ", data->size() - pos, " bytes of a torn record from ",
-                                FileName(index), " at byte ", pos, " into ",
-                                aside.substr(options_.dir.size() + 1));
+        const std::string_view torn = std::string_view(*data).substr(pos);
+        e.detail = absl::StrCat("set aside ", torn.size(), " bytes (sha256 ", ToHex(Sha256({torn})),
+                                ") of a torn record from ", FileName(index), " at byte ", pos,
+                                " into ", aside.substr(options_.dir.size() + 1));
         recovery = std::move(e);
         break;
       }
@@ -485,8 +488,8 @@ void AuditLog::FlusherLoop() {
     if (closed_) break;
     if (since_checkpoint_ > 0 &&
         MonotonicMs() - last_checkpoint_ms_ >= options_.checkpoint_interval_ms) {
-      CheckpointLocked().IgnoreError();  // health_ records a failure
-    } else if (!pending_.empty()) {
+      CheckpointLocked().IgnoreError();                   // health_ records a failure
+    } else if (!pending_.empty() || rotation_pending_) {  // rotation_pending_: retry the open
       FlushLocked().IgnoreError();
     }
   }

@@ -402,6 +402,12 @@ int CheckProofCommand(const Flags& f) {
 
 int Pubkey(const Flags& f) {
   if (f.signing_key.empty()) return Usage("pubkey needs --signing-key FILE");
+  // Never create one here: a mistyped path would print the public key of a brand-new key.
+  if (access(f.signing_key.c_str(), F_OK) != 0) {
+    return Fail("pubkey", absl::NotFoundError(absl::StrCat(
+                              "no signing key at ", f.signing_key,
+                              " (the service creates it at first start with --audit-log)")));
+  }
   absl::StatusOr<std::unique_ptr<audit::SigningKey>> key =
       audit::SigningKey::LoadOrCreate(f.signing_key);
   if (!key.ok()) return Fail("pubkey", key.status());
