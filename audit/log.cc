@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "audit/private_file.h"
 #include "audit/verifier.h"
 #include "openssl/rand.h"
 
@@ -65,36 +66,6 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   }
   close(fd);
   return data;
-}
-
-// WriteAll writes `data` to fd, retrying short writes. Returns the errno status of a failure.
-absl::Status WriteAll(int fd, std::string_view data, const std::string& path) {
-  while (!data.empty()) {
-    const ssize_t n = write(fd, data.data(), data.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Errno("write", path);
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status FsyncDir(const std::string& dir) {
-  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Errno("open directory", dir);
-  const int rc = fsync(fd);
-  close(fd);
-  if (rc != 0) return Errno("fsync directory", dir);
-  return absl::OkStatus();
-}
-
-// WriteNewFile creates `path` (must not exist) with `data`, mode 0600, and fsyncs it.
-absl::Status WriteNewFile(const std::string& path, std::string_view data) {
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd < 0) return Errno("create", path);
-  absl::Status s = WriteAll(fd, data, path);
-  if (s.ok() && fsync(fd) != 0) s = Errno("fsync", path);
-  close(fd);
-  return s;
 }
 
 // LogFiles returns the indexes of the audit-NNNNNN.jsonl files in `dir`, ascending.
@@ -178,8 +149,7 @@ absl::Status AuditLog::Recover() {
     absl::StatusOr<std::string> fresh = RandomHex(16);
     if (!fresh.ok()) return fresh.status();
     log_id_ = *fresh;
-    if (absl::Status s = WriteNewFile(id_path, log_id_ + "\n"); !s.ok()) return s;
-    if (absl::Status s = FsyncDir(options_.dir); !s.ok()) return s;
+    if (absl::Status s = WriteNewPrivateFile(id_path, log_id_ + "\n"); !s.ok()) return s;
   }
   absl::StatusOr<std::vector<int>> files = LogFiles(options_.dir);
   if (!files.ok()) return files.status();
@@ -249,7 +219,8 @@ absl::Status AuditLog::Recover() {
         }
         // A torn tail: set it aside, cut the file back, and say so in the chain.
         const std::string aside = absl::StrCat(options_.dir, "/torn-", NowNs(), ".bin");
-        if (absl::Status s = WriteNewFile(aside, std::string_view(*data).substr(pos)); !s.ok()) {
+        if (absl::Status s = WriteNewPrivateFile(aside, std::string_view(*data).substr(pos));
+            !s.ok()) {
           return s;
         }
         if (truncate(path.c_str(), static_cast<off_t>(pos)) != 0) return Errno("truncate", path);
@@ -289,7 +260,7 @@ absl::Status AuditLog::OpenFileLocked(int index) {
     close(fd);
     return s;
   }
-  if (absl::Status s = FsyncDir(options_.dir); !s.ok()) {  // before the file counts as made
+  if (absl::Status s = FsyncDirectory(options_.dir); !s.ok()) {  // before the file counts as made
     close(fd);
     return s;
   }
@@ -352,7 +323,8 @@ absl::Status AuditLog::AppendLocked(Event event) {
 absl::Status AuditLog::FlushLocked() {
   if (pending_.empty() && !rotation_pending_) return health_;
   const std::string path = options_.dir + "/" + FileName(file_index_);
-  absl::Status s = WriteAll(fd_, pending_, path);
+  absl::Status s = WriteAll(fd_, pending_);
+  if (!s.ok()) s = Prefix(s, path);
   if (s.ok() && fsync(fd_) != 0) s = Errno("fsync", path);
   if (!s.ok()) {
     // Cut back whatever part of the batch reached the file, so that the retry does not leave
@@ -416,12 +388,11 @@ absl::Status AuditLog::SaveWitness(const std::string& checkpoint_line) {
   if (options_.witness_file.empty()) return absl::OkStatus();
   const std::string tmp = options_.witness_file + ".tmp";
   unlink(tmp.c_str());
-  if (absl::Status s = WriteNewFile(tmp, checkpoint_line + "\n"); !s.ok()) return s;
+  if (absl::Status s = WriteNewPrivateFile(tmp, checkpoint_line + "\n"); !s.ok()) return s;
   if (rename(tmp.c_str(), options_.witness_file.c_str()) != 0) {
     return Errno("rename", options_.witness_file);
   }
-  const size_t slash = options_.witness_file.rfind('/');
-  return FsyncDir(slash == std::string::npos ? "." : options_.witness_file.substr(0, slash));
+  return FsyncParentDir(options_.witness_file);
 }
 
 absl::Status AuditLog::VerifyOnOpen() {

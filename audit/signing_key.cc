@@ -20,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "audit/private_file.h"
 
 namespace kvguard::audit {
 namespace {
@@ -58,23 +59,6 @@ absl::Status OpenSslError(absl::string_view what) {
   ERR_clear_error();
   return absl::InternalError(absl::StrCat("OpenSSL: ", what, " failed"));
 }
-
-// SecretBuffer is a string that holds key material: its capacity is reserved up front so no
-// reallocation leaves a copy behind, and it is cleansed when destroyed.
-class SecretBuffer {
- public:
-  explicit SecretBuffer(size_t capacity) { s_.reserve(capacity); }
-  SecretBuffer(const SecretBuffer&) = delete;
-  SecretBuffer& operator=(const SecretBuffer&) = delete;
-  ~SecretBuffer() {
-    s_.resize(s_.capacity());  // within capacity: no reallocation
-    OPENSSL_cleanse(s_.data(), s_.size());
-  }
-  std::string& str() { return s_; }
-
- private:
-  std::string s_;
-};
 
 // PemBlock is one PEM block read by PEM_read_bio_ex into OpenSSL's secure heap (a plain
 // allocation when the process has none); the decoded bytes are cleansed when it is destroyed.
@@ -253,91 +237,9 @@ absl::StatusOr<PkeyPtr> ParsePublicKeyPem(absl::string_view pem, absl::string_vi
   return pkey;
 }
 
-// FdCloser closes a file descriptor when it goes out of scope.
-class FdCloser {
- public:
-  explicit FdCloser(int fd) : fd_(fd) {}
-  FdCloser(const FdCloser&) = delete;
-  FdCloser& operator=(const FdCloser&) = delete;
-  ~FdCloser() {
-    if (fd_ >= 0) close(fd_);
-  }
-  int get() const { return fd_; }
-  // Close returns OK, or the error close(2) reports (which can be a deferred write error).
-  absl::Status Close() {
-    const int fd = std::exchange(fd_, -1);
-    if (close(fd) != 0) return absl::ErrnoToStatus(errno, "close");
-    return absl::OkStatus();
-  }
-
- private:
-  int fd_;
-};
-
-absl::Status Prefix(const absl::Status& s, absl::string_view context) {
-  return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
-}
-
-absl::Status WriteAll(int fd, absl::string_view data) {
-  while (!data.empty()) {
-    const ssize_t n = write(fd, data.data(), data.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return absl::ErrnoToStatus(n < 0 ? errno : EIO, "write");
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  return absl::OkStatus();
-}
-
-// ReadUpTo returns OK after reading `fd` to its end into `out` (whose capacity is reserved by
-// the caller), or OutOfRange once more than `max_bytes` are there.
-absl::Status ReadUpTo(int fd, size_t max_bytes, std::string& out) {
-  out.resize(max_bytes + 1);
-  size_t size = 0;
-  while (size < out.size()) {
-    const ssize_t n = read(fd, out.data() + size, out.size() - size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return absl::ErrnoToStatus(errno, "read");
-    if (n == 0) break;
-    size += static_cast<size_t>(n);
-  }
-  out.resize(size);  // shrinking keeps the capacity, so nothing is copied
-  if (size > max_bytes) {
-    return absl::OutOfRangeError(absl::StrCat("larger than ", max_bytes, " bytes"));
-  }
-  return absl::OkStatus();
-}
-
-// FsyncParentDir returns OK once the directory entry of `path` is durable.
-absl::Status FsyncParentDir(const std::string& path) {
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  const std::string dir = parent.empty() ? std::string(".") : parent.string();
-  FdCloser fd(open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.get() < 0) return absl::ErrnoToStatus(errno, absl::StrCat("open directory ", dir));
-  if (fsync(fd.get()) != 0) return absl::ErrnoToStatus(errno, absl::StrCat("fsync ", dir));
-  return fd.Close();
-}
-
-// WriteNewFile returns OK once `contents` is durable in `path`, which this call creates
-// (O_EXCL: AlreadyExists if `path` exists, whatever it is) with mode 0600, and its directory
-// entry too. On failure it removes what it created.
-absl::Status WriteNewFile(const std::string& path, absl::string_view contents) {
-  FdCloser fd(open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-  if (fd.get() < 0) return absl::ErrnoToStatus(errno, absl::StrCat("create ", path));
-  absl::Status s;
-  // fchmod: the umask may have taken bits off 0600, and the owner needs both.
-  if (fchmod(fd.get(), 0600) != 0) s = absl::ErrnoToStatus(errno, "fchmod");
-  if (s.ok()) s = WriteAll(fd.get(), contents);
-  if (s.ok() && fsync(fd.get()) != 0) s = absl::ErrnoToStatus(errno, "fsync");
-  if (s.ok()) s = fd.Close();
-  if (!s.ok()) {
-    unlink(path.c_str());
-    return Prefix(s, path);
-  }
-  return FsyncParentDir(path);
-}
-
 // WritePrivateKeyFile returns OK once `pkey` is durable in the new file `path` as PKCS#8 PEM
-// (WriteNewFile's errors). The PEM is built in a secure-memory BIO, which cleanses it when freed.
+// (WriteNewPrivateFile's errors). The PEM is built in a secure-memory BIO, which cleanses it when
+// freed.
 absl::Status WritePrivateKeyFile(const std::string& path, EVP_PKEY* pkey) {
   BioPtr bio(BIO_new(BIO_s_secmem()));
   if (bio == nullptr ||
@@ -347,27 +249,7 @@ absl::Status WritePrivateKeyFile(const std::string& path, EVP_PKEY* pkey) {
   char* data = nullptr;
   const long len = BIO_get_mem_data(bio.get(), &data);
   if (len <= 0) return OpenSslError("PEM_write_bio_PrivateKey");
-  return WriteNewFile(path, absl::string_view(data, static_cast<size_t>(len)));
-}
-
-// CheckKeyFileMode returns OK if `st` (of key file `path`) is a regular file that grants group
-// and others nothing, or FailedPrecondition.
-absl::Status CheckKeyFileMode(const std::string& path, const struct stat& st) {
-  if (!S_ISREG(st.st_mode)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("signing key file ", path, ": not a regular file"));
-  }
-  if ((st.st_mode & 077) != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "signing key file ", path, ": mode 0", (st.st_mode >> 6) & 7, (st.st_mode >> 3) & 7,
-        st.st_mode & 7, " gives group or others access to the key; it must be 0600 (chmod 600)"));
-  }
-  if (st.st_uid != geteuid()) {  // a 0600 file another user planted is still theirs
-    return absl::FailedPreconditionError(absl::StrCat("signing key file ", path, ": owned by uid ",
-                                                      st.st_uid, ", not by this process's uid ",
-                                                      geteuid()));
-  }
-  return absl::OkStatus();
+  return WriteNewPrivateFile(path, std::string_view(data, static_cast<size_t>(len)));
 }
 
 // Bytes returns `s` as the unsigned bytes OpenSSL takes; never null, even for an empty view
@@ -422,7 +304,7 @@ absl::StatusOr<std::unique_ptr<SigningKey>> SigningKey::LoadOrCreate(const std::
       if (fstat(fd.get(), &st) != 0) {
         return absl::ErrnoToStatus(errno, absl::StrCat("signing key file: fstat ", path));
       }
-      if (absl::Status s = CheckKeyFileMode(path, st); !s.ok()) return s;
+      if (absl::Status s = CheckPrivateFile("signing key file", path, st); !s.ok()) return s;
       SecretBuffer contents(kMaxKeyFileBytes + 1);
       if (absl::Status s = ReadUpTo(fd.get(), kMaxKeyFileBytes, contents.str()); !s.ok()) {
         if (absl::IsOutOfRange(s)) {

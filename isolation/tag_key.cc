@@ -26,9 +26,16 @@
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "audit/private_file.h"
 
 namespace kvguard::isolation {
 namespace {
+
+using audit::FdCloser;
+using audit::FsyncParentDir;
+using audit::Prefix;
+using audit::SecretBuffer;
+using audit::WriteNewPrivateFile;
 
 constexpr size_t kKeyBytes = 32;
 constexpr char kFileHeader[] = "kvguard-tag-keys v1";
@@ -41,23 +48,6 @@ constexpr size_t kMaxFileBytes = size_t{1} << 20;
 // Reusable MAC contexts kept per key. More concurrent Derive calls than this still work; the
 // extra ones duplicate the key's master context (about twice the cost).
 constexpr int kPoolSlots = 16;
-
-// SecretBuffer is a string that holds key material: its capacity is reserved up front so no
-// reallocation leaves a copy behind, and it is cleansed when destroyed.
-class SecretBuffer {
- public:
-  explicit SecretBuffer(size_t capacity) { s_.reserve(capacity); }
-  SecretBuffer(const SecretBuffer&) = delete;
-  SecretBuffer& operator=(const SecretBuffer&) = delete;
-  ~SecretBuffer() {
-    s_.resize(s_.capacity());  // within capacity: no reallocation
-    OPENSSL_cleanse(s_.data(), s_.size());
-  }
-  std::string& str() { return s_; }
-
- private:
-  std::string s_;
-};
 
 // RwLock is a reader-writer lock (SharedMutex requirements) that makes new readers wait behind
 // a waiting writer. glibc's default, which std::shared_mutex uses, lets a steady stream of
@@ -87,27 +77,6 @@ class RwLock {
 
  private:
   pthread_rwlock_t lock_;
-};
-
-// FdCloser closes a file descriptor when it goes out of scope.
-class FdCloser {
- public:
-  explicit FdCloser(int fd) : fd_(fd) {}
-  FdCloser(const FdCloser&) = delete;
-  FdCloser& operator=(const FdCloser&) = delete;
-  ~FdCloser() {
-    if (fd_ >= 0) close(fd_);
-  }
-  int get() const { return fd_; }
-  // Close returns OK, or the error close(2) reports (which can be a deferred write error).
-  absl::Status Close() {
-    const int fd = std::exchange(fd_, -1);
-    if (close(fd) != 0) return absl::ErrnoToStatus(errno, "close");
-    return absl::OkStatus();
-  }
-
- private:
-  int fd_;
 };
 
 void StoreBe(uint64_t v, int bytes, uint8_t* out) {
@@ -171,52 +140,9 @@ bool ParseKeyId(absl::string_view s, KeyId* id) {
   return true;
 }
 
-absl::Status WriteAll(int fd, absl::string_view data) {
-  while (!data.empty()) {
-    const ssize_t n = write(fd, data.data(), data.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return absl::ErrnoToStatus(n < 0 ? errno : EIO, "write");
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  return absl::OkStatus();
-}
-
-// FsyncParentDir returns OK once the directory entry of `path` is durable.
-absl::Status FsyncParentDir(const std::string& path) {
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  const std::string dir = parent.empty() ? std::string(".") : parent.string();
-  FdCloser fd(open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.get() < 0) return absl::ErrnoToStatus(errno, absl::StrCat("open directory ", dir));
-  if (fsync(fd.get()) != 0) return absl::ErrnoToStatus(errno, absl::StrCat("fsync ", dir));
-  return fd.Close();
-}
-
 // KeyFileCapacity returns an upper bound on the size of a key file holding `num_keys` keys.
 size_t KeyFileCapacity(size_t num_keys) {
   return sizeof(kFileHeader) + num_keys * (10 + 1 + 2 * kKeyBytes + 1);
-}
-
-absl::Status Prefix(const absl::Status& s, absl::string_view context) {
-  return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
-}
-
-// WriteNewFile returns OK once `contents` is durable in `path`, which this call creates
-// (O_EXCL: AlreadyExists if `path` exists, whatever it is) with mode 0600. On failure it
-// removes what it created.
-absl::Status WriteNewFile(const std::string& path, absl::string_view contents) {
-  FdCloser fd(open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-  if (fd.get() < 0) return absl::ErrnoToStatus(errno, absl::StrCat("create ", path));
-  absl::Status s;
-  // fchmod: the umask may have taken bits off 0600, and the owner needs both.
-  if (fchmod(fd.get(), 0600) != 0) s = absl::ErrnoToStatus(errno, "fchmod");
-  if (s.ok()) s = WriteAll(fd.get(), contents);
-  if (s.ok() && fsync(fd.get()) != 0) s = absl::ErrnoToStatus(errno, "fsync");
-  if (s.ok()) s = fd.Close();
-  if (!s.ok()) {
-    unlink(path.c_str());
-    return Prefix(s, path);
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -378,7 +304,7 @@ absl::Status TagKeyRing::State::WriteFile(const std::vector<const Key*>& keys) c
   if (unlink(tmp.c_str()) != 0 && errno != ENOENT) {
     return absl::ErrnoToStatus(errno, absl::StrCat("tag key file: remove stale ", tmp));
   }
-  if (absl::Status s = WriteNewFile(tmp, contents.str()); !s.ok()) {
+  if (absl::Status s = WriteNewPrivateFile(tmp, contents.str()); !s.ok()) {
     return Prefix(s, "tag key file");
   }
   if (rename(tmp.c_str(), path.c_str()) != 0) {
@@ -457,40 +383,21 @@ absl::StatusOr<std::unique_ptr<TagKeyRing>> TagKeyRing::LoadOrCreate(const std::
       if (fstat(fd.get(), &st) != 0) {
         return absl::ErrnoToStatus(errno, absl::StrCat("tag key file: fstat ", path));
       }
-      if (!S_ISREG(st.st_mode)) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("tag key file ", path, ": not a regular file"));
-      }
-      if ((st.st_mode & 077) != 0) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("tag key file ", path, ": mode 0", (st.st_mode >> 6) & 7,
-                         (st.st_mode >> 3) & 7, st.st_mode & 7,
-                         " gives group or others access to the keys; it must be 0600 (chmod 600)"));
-      }
-      if (st.st_uid != geteuid()) {  // a 0600 file another user planted is still theirs
-        return absl::FailedPreconditionError(absl::StrCat("tag key file ", path, ": owned by uid ",
-                                                          st.st_uid, ", not by this process's uid ",
-                                                          geteuid()));
-      }
+      if (absl::Status c = audit::CheckPrivateFile("tag key file", path, st); !c.ok()) return c;
       if (static_cast<uint64_t>(st.st_size) > kMaxFileBytes) {
         return absl::InvalidArgumentError(
             absl::StrCat("tag key file ", path, ": larger than ", kMaxFileBytes, " bytes"));
       }
       SecretBuffer contents(kMaxFileBytes + 1);
       std::string& text = contents.str();
-      text.resize(kMaxFileBytes + 1);
-      size_t size = 0;
-      while (size < text.size()) {
-        const ssize_t n = read(fd.get(), text.data() + size, text.size() - size);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) return absl::ErrnoToStatus(errno, absl::StrCat("tag key file: read ", path));
-        if (n == 0) break;
-        size += static_cast<size_t>(n);
+      if (absl::Status r = audit::ReadUpTo(fd.get(), kMaxFileBytes, text); !r.ok()) {
+        if (absl::IsOutOfRange(r)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("tag key file ", path, ": larger than ", kMaxFileBytes, " bytes"));
+        }
+        return Prefix(r, absl::StrCat("tag key file: read ", path));
       }
-      if (size > kMaxFileBytes) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("tag key file ", path, ": larger than ", kMaxFileBytes, " bytes"));
-      }
+      const size_t size = text.size();
       State::KeyMap keys;
       auto add_key = [&keys](KeyId id, const uint8_t* raw) -> absl::Status {
         absl::StatusOr<std::unique_ptr<Key>> key = Key::Make(id, raw);
@@ -519,8 +426,7 @@ absl::StatusOr<std::unique_ptr<TagKeyRing>> TagKeyRing::LoadOrCreate(const std::
     SecretBuffer contents(KeyFileCapacity(1));
     contents.str().append(kFileHeader).push_back('\n');
     (*key)->AppendLine(contents.str());
-    absl::Status s = WriteNewFile(path, contents.str());
-    if (s.ok()) s = FsyncParentDir(path);
+    absl::Status s = WriteNewPrivateFile(path, contents.str());
     if (absl::IsAlreadyExists(s)) continue;
     if (!s.ok()) return Prefix(s, "tag key file");
     State::KeyMap keys;

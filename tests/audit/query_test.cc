@@ -23,34 +23,21 @@
 #include "audit/record.h"
 #include "audit/signing_key.h"
 #include "nlohmann/json.hpp"
+#include "tests/audit/test_files.h"
 
 namespace kvguard::audit {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::AppendFile;
+using testing::NewTempDir;
+using testing::ReadFile;
+using testing::WriteFile;
 using Json = nlohmann::ordered_json;
 
 constexpr int64_t kBaseNs = int64_t{1704067200} * 1000000000;  // 2024-01-01T00:00:00Z
 constexpr int64_t kMinuteNs = int64_t{60} * 1000000000;
 constexpr int64_t kHourNs = 60 * kMinuteNs;
-
-std::string NewTempDir() {
-  std::string tmpl = ::testing::TempDir() + "/query_test.XXXXXX";
-  EXPECT_NE(mkdtemp(tmpl.data()), nullptr);
-  return tmpl;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void AppendFile(const std::string& path, std::string_view data) {
-  std::ofstream out(path, std::ios::binary | std::ios::app);
-  out.write(data.data(), static_cast<std::streamsize>(data.size()));
-}
 
 // MakeEvent returns the i-th event: one every 7 minutes, several types, tenants and reasons,
 // one tenant whose name needs quoting in CSV and escaping in JSON.

@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <sys/resource.h>
 
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -26,31 +25,18 @@
 #include "audit/merkle.h"
 #include "audit/record.h"
 #include "audit/signing_key.h"
+#include "tests/audit/test_files.h"
 
 namespace kvguard::audit {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::AppendFile;
+using testing::NewTempDir;
+using testing::ReadFile;
+using testing::WriteFile;
 
 constexpr int64_t kBaseNs = int64_t{1704067200} * 1000000000;  // 2024-01-01T00:00:00Z
-
-std::string NewTempDir() {
-  std::string tmpl = ::testing::TempDir() + "/verifier_test.XXXXXX";
-  EXPECT_NE(mkdtemp(tmpl.data()), nullptr);
-  return tmpl;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void WriteFile(const std::string& path, std::string_view data) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(data.data(), static_cast<std::streamsize>(data.size()));
-}
 
 // MakeEvent returns the i-th of a varied set of events: every event type a service writes,
 // every field set somewhere, strings that need JSON escaping.
@@ -855,40 +841,6 @@ TEST_F(VerifierTest, RotationWhileDiskFailsVerifiesLater) {
   ASSERT_TRUE((*log)->Close().ok());
   VerifyReport r = Verify(dir);
   EXPECT_TRUE(r.ok()) << Summary(r);
-  fs::remove_all(fs::path(dir).parent_path());
-}
-
-// Throughput, for the record (no assertion): a log of 1,000,000 records written with batched
-// fsync, then verified. Run with --gtest_also_run_disabled_tests.
-TEST(VerifierBench, DISABLED_MillionRecords) {
-  const std::string dir = NewTempDir() + "/big";
-  std::shared_ptr<const SigningKey> key(*SigningKey::CreateEphemeral());
-  LogOptions o;
-  o.dir = dir;
-  o.key = key;
-  absl::StatusOr<std::unique_ptr<AuditLog>> log = AuditLog::Open(o);
-  ASSERT_TRUE(log.ok());
-  constexpr int kRecords = 1000000;
-  auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < kRecords - 2; ++i) {
-    Event e = MakeEvent(i);
-    e.time_ns = 0;
-    ASSERT_TRUE((*log)->Append(std::move(e)).ok());
-  }
-  ASSERT_TRUE((*log)->Close().ok());
-  const double write_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  t0 = std::chrono::steady_clock::now();
-  absl::StatusOr<VerifyReport> r = VerifyLog(dir, *VerifyingKey::FromRaw(key->PublicKeyRaw()));
-  const double verify_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  ASSERT_TRUE(r.ok());
-  EXPECT_TRUE(r->ok()) << Summary(*r);
-  uint64_t bytes = 0;
-  for (const auto& e : fs::directory_iterator(dir)) bytes += e.file_size();
-  std::printf("%s\nwrite: %.2f s (%.0f records/s); verify: %.2f s (%.0f records/s, %.0f MB/s)\n",
-              Summary(*r).c_str(), write_s, r->records / write_s, verify_s, r->records / verify_s,
-              bytes / verify_s / 1e6);
   fs::remove_all(fs::path(dir).parent_path());
 }
 

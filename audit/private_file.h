@@ -1,0 +1,74 @@
+// audit/private_file.h: files only this process's user may read: the page-tag key file
+// (isolation/tag_key.cc), the log's signing key (audit/signing_key.cc) and the log's own files
+// (audit/log.cc). One implementation of the checks and the durable writes they all need.
+#ifndef KVGUARD_AUDIT_PRIVATE_FILE_H_
+#define KVGUARD_AUDIT_PRIVATE_FILE_H_
+
+#include <sys/stat.h>
+
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+
+namespace kvguard::audit {
+
+// FdCloser closes a file descriptor when it goes out of scope.
+class FdCloser {
+ public:
+  explicit FdCloser(int fd) : fd_(fd) {}
+  FdCloser(const FdCloser&) = delete;
+  FdCloser& operator=(const FdCloser&) = delete;
+  ~FdCloser();
+  int get() const { return fd_; }
+  // Close returns OK, or the error close(2) reports (which can be a deferred write error).
+  absl::Status Close();
+
+ private:
+  int fd_;
+};
+
+// SecretBuffer is a string that holds key material: its capacity is reserved up front so no
+// reallocation leaves a copy behind, and it is cleansed (OPENSSL_cleanse) when destroyed.
+class SecretBuffer {
+ public:
+  explicit SecretBuffer(size_t capacity) { s_.reserve(capacity); }
+  SecretBuffer(const SecretBuffer&) = delete;
+  SecretBuffer& operator=(const SecretBuffer&) = delete;
+  ~SecretBuffer();
+  std::string& str() { return s_; }
+
+ private:
+  std::string s_;
+};
+
+// Prefix returns `s` with "context: " before its message.
+absl::Status Prefix(const absl::Status& s, std::string_view context);
+
+// WriteAll writes all of `data` to `fd` (retrying short writes and EINTR), or returns the error.
+absl::Status WriteAll(int fd, std::string_view data);
+
+// ReadUpTo reads `fd` to its end into `out` (whose capacity the caller may have reserved);
+// OutOfRange once more than `max_bytes` are there.
+absl::Status ReadUpTo(int fd, size_t max_bytes, std::string& out);
+
+// FsyncDirectory returns OK once the directory `dir`'s entries are durable; FsyncParentDir
+// does that for the directory holding `path`.
+absl::Status FsyncDirectory(const std::string& dir);
+absl::Status FsyncParentDir(const std::string& path);
+
+// WriteNewPrivateFile returns OK once `contents` is durable in `path`, which it creates
+// (O_EXCL|O_NOFOLLOW: AlreadyExists if anything is there) with mode 0600 whatever the umask,
+// together with its directory entry. On failure it removes what it created.
+absl::Status WriteNewPrivateFile(const std::string& path, std::string_view contents);
+
+// CheckPrivateFile returns OK if `st` (of `path`, described to the user as `what`, e.g. "tag
+// key file") is a regular file that grants group and others nothing and belongs to this
+// process's user (a 0600 file another user planted is still theirs); FailedPrecondition
+// saying which and how to fix it otherwise.
+absl::Status CheckPrivateFile(std::string_view what, const std::string& path,
+                              const struct stat& st);
+
+}  // namespace kvguard::audit
+
+#endif  // KVGUARD_AUDIT_PRIVATE_FILE_H_
