@@ -38,11 +38,14 @@ std::string FinishReasonName(FinishReason reason) {
 }
 
 struct Engine::Request {
-  Request(RequestId id, GenerationRequest r)
+  Request(RequestId id, GenerationRequest r, isolation::Owner owner,
+          isolation::OwnershipTable* table, int page_size)
       : id(id),
         req(std::move(r)),
+        owner(owner),
         tokens(req.prompt),
         prompt_len(static_cast<int>(req.prompt.size())),
+        pages(table, owner, page_size),
         sampler(req.sampling),
         stop(*StopMatcher::Create(req.stop)) {}  // validated by Submit
 
@@ -54,8 +57,7 @@ struct Engine::Request {
   std::vector<int> tokens;  // the whole sequence: prompt, then every generated token
   int prompt_len;
   int generated = 0;
-  std::vector<PageGrant> pages;  // in token order
-  int kv_len = 0;                // tokens whose K and V are in `pages`
+  SessionPages pages;  // its page table and kv_len
   Sampler sampler;
   Utf8StreamDecoder utf8;
   StopMatcher stop;
@@ -167,8 +169,8 @@ absl::StatusOr<RequestId> Engine::Submit(GenerationRequest request) {
   std::unique_lock<std::mutex> lock(mu_);
   if (stopping_) return absl::UnavailableError("engine is shutting down");
   const RequestId id = next_id_++;
-  auto r = std::make_unique<Request>(id, std::move(request));
-  r->owner = isolation::Owner{*tenant, id};
+  auto r = std::make_unique<Request>(id, std::move(request), isolation::Owner{*tenant, id},
+                                     &pool_->table(), pool_->page_size());
   r->result.id = id;
   waiting_.push_back(r.get());
   requests_[id] = std::move(r);
@@ -220,25 +222,25 @@ EngineStats Engine::stats() const {
   return s;
 }
 
-void Engine::ReleasePagesLocked(Request* r) {
+bool Engine::ScrubOnReleaseLocked(Request* r) {
   // Scrub if the tenant is strict now or was while these pages were held: a switch to
   // enforce must not leave a strict tenant's KV behind.
   const bool scrub = r->ever_strict || guard_->mode(r->owner.tenant) == isolation::Mode::kStrict;
   r->ever_strict = false;
-  int passes = 1;
 #if KVGUARD_FAULT_INJECTION
-  if (faults_.double_release == r->id) passes = 2;
+  r->pages.set_faults(SessionFaults{.double_release = faults_.double_release == r->id,
+                                    .handover_cancelled = faults_.handover_cancelled});
 #endif
-  for (int pass = 0; pass < passes; ++pass) {
-    for (const PageGrant& g : r->pages) {
-      std::optional<isolation::Violation> v = pool_->table().Release(r->owner, g, scrub);
-      // A refused release frees nothing. After an abort, refusals are the reported
-      // violation's consequences (its pages went stale), not news for the auditor.
-      if (v && r->result.reason != FinishReason::kAborted) guard_->Report(*v, r->id);
-    }
+  return scrub;
+}
+
+void Engine::ReleasePagesLocked(Request* r) {
+  const bool scrub = ScrubOnReleaseLocked(r);
+  // A refused release frees nothing. After an abort, refusals are the reported violation's
+  // consequences (its pages went stale), not news for the auditor.
+  for (const isolation::Violation& v : r->pages.Release(scrub)) {
+    if (r->result.reason != FinishReason::kAborted) guard_->Report(v, r->id);
   }
-  r->pages.clear();
-  r->kv_len = 0;
 }
 
 void Engine::AbortLocked(Request* r, const isolation::Violation& v) {
@@ -322,7 +324,7 @@ void Engine::CheckAccountingLocked() {
   const absl::Status s = pool_->table().CheckAccounting();
   if (!s.ok()) ABSL_RAW_LOG(FATAL, "%s", std::string(s.message()).c_str());
   int held = 0;
-  for (const auto& [id, r] : requests_) held += static_cast<int>(r->pages.size());
+  for (const auto& [id, r] : requests_) held += r->pages.num_pages();
   ABSL_RAW_CHECK(held == pool_->table().used_pages(),
                  "pages held by requests != pages in use in the pool");
 }
@@ -352,12 +354,12 @@ void Engine::PrefillLoop() {
       r = waiting_.front();
       waiting_.pop_front();
       n = r->PrefillLength();
-      if ((n + P - 1) / P + options_.reserve_pages > pool_->num_pages()) {
+      if (r->pages.PagesFor(n) + options_.reserve_pages > pool_->num_pages()) {
         FinishLocked(r, FinishReason::kError,
                      absl::ResourceExhaustedError("sequence outgrew the whole KV pool"));
         continue;
       }
-      const absl::Status granted = pool_->table().GrantMany(r->owner, (n + P - 1) / P, &r->pages);
+      const absl::Status granted = r->pages.GrantFor(n);
       if (!granted.ok()) {  // e.g. the tag key failed: the request fails, the engine goes on
         FinishLocked(r, FinishReason::kError, granted);
         continue;
@@ -374,16 +376,17 @@ void Engine::PrefillLoop() {
     // The model runs without the engine lock: only this thread touches r's pages meanwhile.
     // The step pins an epoch and verifies the fresh page table before writing into it.
     isolation::OwnershipTable::StepPin pin = pool_->table().PinStep();
-    std::optional<isolation::Violation> violation = guard_->Verify(r->owner, r->pages, mode);
+    std::optional<isolation::Violation> violation =
+        guard_->Verify(r->owner, r->pages.grants(), mode);
     absl::Status status;
     if (!violation) {
-      status = model_->Prefill(std::span<const int>(r->tokens.data(), size_t(n)), r->pages, *pool_,
-                               logits.data(), &prefill_pool_);
+      status = model_->Prefill(std::span<const int>(r->tokens.data(), size_t(n)), r->pages.grants(),
+                               *pool_, logits.data(), &prefill_pool_);
     }
     // Re-verify before the first token leaves (see DecodeLoop), then unpin: the kernels are
     // done, and pages released from here on need not wait for this step.
     if (!violation && mode != isolation::Mode::kOff) {
-      violation = pool_->table().Verify(r->owner, r->pages);
+      violation = pool_->table().Verify(r->owner, r->pages.grants());
     }
     pin = {};
     std::unique_lock<std::mutex> lock(mu_);
@@ -396,20 +399,12 @@ void Engine::PrefillLoop() {
       AbortLocked(r, *violation);
       continue;
     }
-    if (r->cancelled) {
-#if KVGUARD_FAULT_INJECTION
-      if (faults_.handover_cancelled) {
-        // The bug: the pages go back to the pool, yet the request still reaches decode
-        // with its old page table.
-        for (const PageGrant& g : r->pages) pool_->table().Release(r->owner, g, false);
-        r->cancelled = false;
-        r->kv_len = n;
-        r->state = Request::State::kHandedOver;
-        handed_over_.push_back(r);
-        cv_.notify_all();
-        continue;
-      }
-#endif
+    // The handover consumes the cancel flag: a request cancelled during prefill releases its
+    // pages there and finishes.
+    std::vector<isolation::Violation> refused;
+    const bool cancelled = std::exchange(r->cancelled, false);
+    if (!r->pages.HandOver(cancelled, cancelled && ScrubOnReleaseLocked(r), &refused)) {
+      for (const isolation::Violation& v : refused) guard_->Report(v, r->id);
       FinishLocked(r, FinishReason::kCancelled, {});
       continue;
     }
@@ -417,7 +412,7 @@ void Engine::PrefillLoop() {
       FinishLocked(r, FinishReason::kError, status);
       continue;
     }
-    r->kv_len = n;
+    r->pages.set_kv_len(n);
     // A new request samples its first token from the prefill logits; a recomputed one
     // already has its next input (the last token it generated).
     if (r->generated == 0 && AcceptTokenLocked(r, r->sampler.Sample(logits.data(), c.vocab_size))) {
@@ -432,7 +427,6 @@ void Engine::PrefillLoop() {
 
 void Engine::DecodeLoop() {
   const ModelConfig& c = model_->config();
-  const int P = pool_->page_size();
   std::vector<float> logits(static_cast<size_t>(kMaxDecodeBatch) * c.vocab_size);
   std::vector<Model::DecodeItem> items;
   std::vector<Request*> batch;
@@ -466,18 +460,13 @@ void Engine::DecodeLoop() {
       // the newest running request is preempted (pages released, recomputed later).
       for (size_t i = 0; i < running_.size();) {
         Request* r = running_[i];
-        if (r->kv_len < static_cast<int>(r->pages.size()) * P) {
+        const absl::Status grown = r->pages.GrowForNextToken();
+        if (grown.ok()) {
           ++i;
           continue;
         }
-        absl::StatusOr<PageGrant> g = pool_->table().Grant(r->owner);
-        if (g.ok()) {
-          r->pages.push_back(*g);
-          ++i;
-          continue;
-        }
-        if (!absl::IsResourceExhausted(g.status())) {  // not a dry pool: fail r alone
-          FinishLocked(r, FinishReason::kError, g.status());
+        if (!absl::IsResourceExhausted(grown)) {  // not a dry pool: fail r alone
+          FinishLocked(r, FinishReason::kError, grown);
           running_.erase(running_.begin() + static_cast<ptrdiff_t>(i));
           continue;
         }
@@ -515,9 +504,10 @@ void Engine::DecodeLoop() {
         r->ever_strict = r->ever_strict || mode == isolation::Mode::kStrict;
         if (r->verify) {
           ++verified;
-          pages_checked += static_cast<int64_t>(r->pages.size());
+          pages_checked += r->pages.num_pages();
         }
-        if (std::optional<isolation::Violation> v = guard_->Verify(r->owner, r->pages, mode)) {
+        if (std::optional<isolation::Violation> v =
+                guard_->Verify(r->owner, r->pages.grants(), mode)) {
           AbortLocked(r, *v);
           running_.erase(running_.begin() + static_cast<ptrdiff_t>(i));
         } else {
@@ -541,15 +531,15 @@ void Engine::DecodeLoop() {
         // off tenant reads may by then belong to a strict one, and the strictest mode among a
         // page's users applies. `off` skips only the table verification (and its reporting
         // of anything but a kernel mismatch). It costs 16 bytes per page read.
-        items.push_back(Model::DecodeItem{r->tokens.back(), r->kv_len, r->pages,
+        items.push_back(Model::DecodeItem{r->tokens.back(), r->pages.kv_len(), r->pages.grants(),
                                           /*check_tags=*/true, &tag_faults[b]});
       }
 #if KVGUARD_FAULT_INJECTION
       for (Request* r : batch) {
-        if (r->id == faults_.release_during_step && !r->pages.empty()) {
+        if (r->id == faults_.release_during_step && r->pages.num_pages() > 0) {
           // The bug: a page is released (as by a racing cancel path) after verification,
           // while the step that reads it is in flight.
-          pool_->table().Release(r->owner, r->pages.front(), false);
+          pool_->table().Release(r->owner, r->pages.grants().front(), false);
         }
       }
 #endif
@@ -570,7 +560,7 @@ void Engine::DecodeLoop() {
     post_violations.assign(batch.size(), std::nullopt);
     for (size_t b = 0; b < batch.size(); ++b) {
       if (batch[b]->verify) {
-        post_violations[b] = pool_->table().Verify(batch[b]->owner, batch[b]->pages);
+        post_violations[b] = pool_->table().Verify(batch[b]->owner, batch[b]->pages.grants());
       }
     }
     verify_ns +=
@@ -586,7 +576,7 @@ void Engine::DecodeLoop() {
         // The kernels' own check failed after verification passed: something released or
         // rewrote the page mid-step. Nothing of the page was read or written.
         // The table's view of the page fills in its current owner and generation.
-        const PageGrant& g = r->pages[static_cast<size_t>(tag_faults[b])];
+        const PageGrant& g = r->pages.grants()[static_cast<size_t>(tag_faults[b])];
         isolation::Violation v = pool_->table()
                                      .Verify(r->owner, std::span<const PageGrant>(&g, 1))
                                      .value_or(isolation::Violation{});
@@ -601,7 +591,7 @@ void Engine::DecodeLoop() {
         AbortLocked(r, *post_violations[b]);
         done = true;
       } else {
-        ++r->kv_len;
+        r->pages.set_kv_len(r->pages.kv_len() + 1);
         if (r->cancelled) {
           FinishLocked(r, FinishReason::kCancelled, {});
           done = true;

@@ -33,6 +33,7 @@
 #include "core/kv_pool.h"
 #include "core/model.h"
 #include "core/sampler.h"
+#include "core/session_pages.h"
 #include "core/tokenizer.h"
 #include "isolation/guard.h"
 #include "kernels/cpu/thread_pool.h"
@@ -150,6 +151,8 @@ class Engine {
   void FinishLocked(Request* r, FinishReason reason, absl::Status status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleasePagesLocked(Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ScrubOnReleaseLocked says whether r's pages are zeroed when it releases them next.
+  bool ScrubOnReleaseLocked(Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Abort finishes `r` with kAborted after reporting `v`. Requires mu_.
   void AbortLocked(Request* r, const isolation::Violation& v) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Accept appends sampled token `token` to `r`; returns true if r is now finished.
