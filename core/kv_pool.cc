@@ -42,13 +42,19 @@ absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(const ModelConfig& config
   if (pages > (size_t{1} << 30)) {
     return absl::InvalidArgumentError("KV cache budget exceeds 2^30 pages");
   }
-  const size_t align = size_t{2} << 20;
-  const size_t bytes = (pages * page_bytes + align - 1) / align * align;
+  // 2 MiB alignment lets a large pool sit on transparent huge pages; a pool smaller than one
+  // huge page (tests, fuzzing) is only cache-line aligned rather than rounded up to 2 MiB.
+  const size_t used = pages * page_bytes;
+  const size_t align = used >= (size_t{2} << 20) ? size_t{2} << 20 : size_t{64};
+  const size_t bytes = (used + align - 1) / align * align;
   void* base = std::aligned_alloc(align, bytes);
   if (base == nullptr) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot allocate ", bytes, " bytes for the KV cache"));
   }
+  // Zeroed before any page is granted: heap memory may hold a previous pool's KV, and a
+  // page's first owner must never be able to see leftovers from before this pool existed.
+  std::memset(base, 0, bytes);
   KvPoolOptions opts = options;
   if (opts.tag_keys == nullptr) {
     absl::StatusOr<std::unique_ptr<isolation::TagKeyRing>> ring =

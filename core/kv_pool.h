@@ -89,8 +89,8 @@ class KvPool {
   size_t page_bytes_;
   size_t head_elems_;  // P * head_dim: one (layer, K|V, head) block, in elements
   int num_pages_;
-  uint8_t* base_;                                     // [num_pages * page_bytes], 2 MiB aligned
-  std::vector<float> k_scales_, v_scales_;            // [n_layers * n_kv_heads]
+  uint8_t* base_;                           // [num_pages * page_bytes], 2 MiB aligned if >= 2 MiB
+  std::vector<float> k_scales_, v_scales_;  // [n_layers * n_kv_heads]
   std::unique_ptr<isolation::OwnershipTable> table_;  // after base_: it scrubs through it
 };
 

@@ -534,6 +534,9 @@ absl::StatusOr<kernels::PageTag> TagKeyRing::Derive(KeyId id, const TagInput& in
   kernels::PageTag tag;
   tag.lo = LoadLe64(mac);
   tag.hi = LoadLe64(mac + 8);
+  // The all-zero tag means "not owned" to the table and the kernels (a freed page carries
+  // it), so no grant may carry it: a zero MAC prefix (probability 2^-128) becomes 1.
+  if ((tag.lo | tag.hi) == 0) tag.lo = 1;
   return tag;
 }
 

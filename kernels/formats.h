@@ -290,7 +290,10 @@ inline int32_t FirstTagFault(const PagedKvView& kv, const DecodeQuery& q) {
     const int32_t page = q.page_table[i];
     if (page < 0 || page >= kv.num_pages) return i;
     const PageTag t = LoadPageTag(kv.page_tags, page);
-    if ((t.lo ^ q.expected_tags[i].lo) | (t.hi ^ q.expected_tags[i].hi)) return i;
+    const PageTag& e = q.expected_tags[i];
+    // An expected tag of zero is never a grant's (TagKeyRing::Derive avoids it): zero is the
+    // tag of a page nobody owns, so a zero-tag page table entry must not match a free page.
+    if ((t.lo ^ e.lo) | (t.hi ^ e.hi) | ((e.lo | e.hi) == 0)) return i;
   }
   return -1;
 }

@@ -711,6 +711,29 @@ TEST(PagedAttentionTest, TagCheckFailsOnlyTheRequestWithAWrongTag) {
 
 // Broken preconditions are CHECK failures in both implementations; the positive twin is the
 // same call with valid parameters.
+// A page nobody owns carries the all-zero tag, so a page table entry that expects zero (a
+// forged or never-granted entry) must fail the check, not match a free page. Found while
+// writing the page_ops fuzz target's shadow model: an `off` tenant's page table is not
+// verified, so the kernel check is its only line, and a zero entry used to pass it.
+TEST(PagedAttentionTest, ZeroExpectedTagNeverMatchesAFreePage) {
+  const std::vector<PageTag> tags = {PageTag{}, PageTag{7, 9}};
+  PagedKvView kv;
+  kv.page_size = 4;
+  kv.page_tags = tags.data();
+  kv.num_pages = 2;
+  const int32_t free_page = 0, owned_page = 1;
+  const PageTag zero{}, owned{7, 9};
+  DecodeQuery q;
+  q.length = 3;
+  q.page_table = &free_page;
+  q.expected_tags = &zero;
+  EXPECT_EQ(FirstTagFault(kv, q), 0);
+  // Positive twin: the owned page with its own tag passes.
+  q.page_table = &owned_page;
+  q.expected_tags = &owned;
+  EXPECT_EQ(FirstTagFault(kv, q), -1);
+}
+
 TEST(PagedAttentionDeathTest, RejectsBadShapes) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   CaseSpec spec;
