@@ -135,6 +135,9 @@ std::optional<Violation> OwnershipTable::CheckLocked(const Owner& owner, const P
 std::optional<Violation> OwnershipTable::Verify(const Owner& owner,
                                                 std::span<const PageGrant> grants) const {
   std::lock_guard<std::mutex> lock(mu_);
+#if KVGUARD_FAULT_INJECTION
+  if (faults_.skip_last_grant && !grants.empty()) grants = grants.first(grants.size() - 1);
+#endif
   for (size_t i = 0; i < grants.size(); ++i) {
     if (auto v = CheckLocked(owner, grants[i], static_cast<int32_t>(i))) return v;
   }
@@ -159,6 +162,10 @@ std::optional<Violation> OwnershipTable::Release(const Owner& owner, const PageG
   }
 #if KVGUARD_FAULT_INJECTION
   if (v && faults_.accept_stale_release && v->kind == ViolationKind::kStaleRelease) v.reset();
+  if (v && faults_.release_without_owner_check &&
+      (v->kind == ViolationKind::kWrongOwner || v->kind == ViolationKind::kTagMismatch)) {
+    v.reset();
+  }
 #endif
   if (v) return v;
   Page& page = pages_[static_cast<size_t>(grant.page)];
@@ -195,7 +202,11 @@ void OwnershipTable::ReclaimLocked() {
       ++i;
       continue;
     }
-    if (page.scrub && scrub_) scrub_(p);
+    bool skip_scrub = false;
+#if KVGUARD_FAULT_INJECTION
+    skip_scrub = faults_.skip_scrub;
+#endif
+    if (page.scrub && scrub_ && !skip_scrub) scrub_(p);
     page.scrub = false;
     page.state = PageState::kFree;
     free_.push_back(p);

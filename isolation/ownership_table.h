@@ -57,6 +57,9 @@ struct TableFaults {
   bool accept_stale_release = false;  // a stale release frees the page anyway
   bool ignore_epoch = false;          // released pages are free at once, pinned steps or not
   bool ignore_copy_pins = false;      // released pages are free at once, copies in flight or not
+  bool release_without_owner_check = false;  // a current grant is released by whoever presents it
+  bool skip_scrub = false;       // a page released with scrub is reused without being zeroed
+  bool skip_last_grant = false;  // Verify checks every grant of a page table but the last
 };
 #endif
 

@@ -418,7 +418,9 @@ void FpMatMul(const WeightView& w, const float* x, int batch, float* y, ThreadPo
 #if HWY_TARGET == HWY_AVX3_DL
 // Highway 1.0.3 compiles AVX3_DL with "avxvnni" (the VEX form) instead of "avx512vnni"; its
 // runtime check does test AVX512-VNNI, so enabling it here for the EVEX VPDPBUSD is safe.
-#define KVGUARD_AVX512VNNI __attribute__((target("avx512vnni")))
+// The target's whole feature string is repeated: clang lets a function's own target
+// attribute replace the one HWY_BEFORE_NAMESPACE applies (gcc adds them up).
+#define KVGUARD_AVX512VNNI __attribute__((target(HWY_TARGET_STR ",avx512vnni")))
 
 template <int NB>
 constexpr int Int4RowsPerPass() {

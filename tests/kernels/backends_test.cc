@@ -278,7 +278,7 @@ std::vector<BackendCase> Cases() {
       const bool int4 = format == WeightFormat::kInt4;
       cases.push_back({std::string("matmul_") + name + "_batch" + std::to_string(batch),
                        int4 ? "kInt4ActQuant" : "kF32Accum",
-                       [=] { return MatMulCase(format, batch, int4); }});
+                       [f = format, batch, int4] { return MatMulCase(f, batch, int4); }});
     }
   }
   const std::pair<const char*, KvDtype> dtypes[] = {
@@ -286,7 +286,7 @@ std::vector<BackendCase> Cases() {
   for (const auto& [name, dtype] : dtypes) {
     for (int head_dim : {64, 128}) {
       cases.push_back({std::string("attention_") + name + "_d" + std::to_string(head_dim),
-                       "kAttention", [=] { return AttentionCase(dtype, head_dim); }});
+                       "kAttention", [d = dtype, head_dim] { return AttentionCase(d, head_dim); }});
     }
   }
   return cases;
