@@ -3,7 +3,7 @@
 JOBS ?= $(shell nproc)
 
 .PHONY: all setup build build-asan build-tsan run test test-default test-asan test-tsan bench format \
-	clean
+	clean fuzz-build fuzz-smoke
 
 all: build
 
@@ -30,8 +30,9 @@ run: build
 # Every test: the default preset's suite, the same suite under ASan + UBSan, then the
 # multi-threaded suites (thread pool, engine, isolation) under ThreadSanitizer.
 TSAN_TESTS = thread_pool_test engine_test engine_isolation_test ownership_table_test \
-	isolation_stress_test tag_key_test guard_test log_test audit_log_sink_test
-TSAN_SUITES = ThreadPoolTest|EngineTest|EngineIsolationTest|OwnershipTableTest|IsolationStressTest|TagKeyTest|GuardTest|GuardModeChangeTest|AuditLogTest|AuditLogSinkTest
+	isolation_stress_test tag_key_test guard_test log_test audit_log_sink_test \
+	session_pages_stress_test
+TSAN_SUITES = ThreadPoolTest|EngineTest|EngineIsolationTest|OwnershipTableTest|IsolationStressTest|TagKeyTest|GuardTest|GuardModeChangeTest|AuditLogTest|AuditLogSinkTest|SessionPagesStressTest
 test: test-default test-asan test-tsan
 
 test-default: build
@@ -46,6 +47,17 @@ build-tsan: setup
 
 test-tsan: build-tsan
 	ctest --preset tsan -j $(JOBS) -R '^($(TSAN_SUITES))\.'
+
+# Fuzzing (fuzz/README.md): the libFuzzer targets (clang, ASan + UBSan), then the smoke pass CI
+# runs: every target FUZZ_SECONDS from its seed corpus (any crash fails), and the planted-bug
+# check with one seed (each planted bug found within 60 s, the real build finds nothing).
+FUZZ_SECONDS ?= 30
+fuzz-build: setup
+	scripts/fuzz-campaign build
+
+fuzz-smoke: fuzz-build
+	scripts/fuzz-campaign run --seconds $(FUZZ_SECONDS) --out build/fuzz-smoke
+	scripts/fuzz-campaign planted --seeds 1 --budget 60 --check --out build/fuzz-smoke
 
 # The recorded benchmark runs (bench/results/): kernels, the serving experiment, quality.
 bench: build

@@ -1,0 +1,974 @@
+#include "fuzz/harness/world.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <span>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/model_config.h"
+#include "kernels/formats.h"
+
+namespace kvguard::fuzz {
+
+using isolation::Mode;
+using isolation::Owner;
+using isolation::PageGrant;
+using isolation::Violation;
+using isolation::ViolationKind;
+using kernels::PageTag;
+
+namespace {
+
+constexpr int kHeadDim = 64;
+constexpr size_t kTraceLines = 256;
+const char* const kTenantNames[] = {"alpha", "bravo", "charlie"};
+constexpr Mode kTenantModes[] = {Mode::kEnforce, Mode::kStrict, Mode::kOff};
+constexpr int kQuarantineAfter = 3;
+constexpr int kMaxKeys = 4;
+
+bool TagIsZero(const PageTag& t) { return (t.lo | t.hi) == 0; }
+bool IsRepeatKind(ViolationKind k) {
+  return k == ViolationKind::kTenantQuarantined || k == ViolationKind::kSessionQuarantined ||
+         k == ViolationKind::kAuditUnavailable;
+}
+std::string G(const PageGrant& g) { return absl::StrCat("p", g.page, "/g", g.generation); }
+
+}  // namespace
+
+struct World::ShadowPage {
+  enum class State : uint8_t { kFree, kOwned, kLimbo, kQuarantined };
+  State state = State::kFree;
+  Owner owner;
+  uint64_t generation = 0;  // the table's generation for the page, as the shadow predicts it
+  bool issued = false;      // some grant of this page was handed out
+  uint64_t max_issued = 0;  // the highest generation ever handed out for it
+  PageTag tag;              // the current grant's tag (zero unless owned)
+  isolation::KeyId key = 0;
+  uint64_t retire = 0;  // limbo: steps with a ticket below this may still read it
+  int copies = 0;
+  Owner copy_owner;
+  bool scrub = false;   // limbo: to be zeroed before it is free
+  bool zeroed = false;  // known to be all zero (scrubbed, nothing written since)
+};
+
+struct World::Copy {
+  int request = -1;
+  PageGrant grant;
+  bool read = false;
+};
+
+struct World::Request {
+  int index = 0;
+  int tenant = 0;
+  Owner owner;
+  std::unique_ptr<core::SessionPages> pages;
+  Phase phase = Phase::kPrefillVerify;
+  bool waiting = true;  // holds no pages; its (re)prefill grants them
+  int tokens = 0;       // tokens to prefill when it (re)starts
+  int target = 0;       // kv_len at which it is done
+  int cursor = 0;       // page index within a write or read phase
+  bool cancelled = false;
+  bool tainted = false;  // an injected fault hit it: violations are expected
+  bool aborted = false;
+  bool quarantined = false;  // (strict) its session was quarantined
+  bool ever_strict = false;
+  Mode step_mode = Mode::kEnforce;
+  bool pinned = false;
+  isolation::OwnershipTable::StepPin pin;
+  uint64_t ticket = 0;
+  std::map<int, PageGrant> overrides;  // injected: entries of the page table it presents
+  std::vector<PageGrant> released;     // grants it gave back (for double releases)
+};
+
+World::World(const WorldOptions& options) : options_(options) {
+  keys_ = std::shared_ptr<isolation::TagKeyRing>(*isolation::TagKeyRing::CreateEphemeral());
+  core::ModelConfig c;
+  c.name = "fuzz";  // only the KV geometry matters: one layer, one kv head of 64
+  c.dim = kHeadDim;
+  c.n_heads = 1;
+  c.ffn_dim = kHeadDim;
+  c.vocab_size = 16;
+  c.max_context = 1024;
+  c.n_layers = 1;
+  c.n_kv_heads = 1;
+  c.head_dim = kHeadDim;
+  core::KvPoolOptions po;
+  po.dtype = kernels::KvDtype::kFp32;
+  po.page_size = options.page_size;
+  po.budget_bytes = size_t(options.num_pages) * c.KvBytesPerToken(4) * size_t(options.page_size);
+  po.tag_keys = keys_;
+  absl::StatusOr<std::unique_ptr<core::KvPool>> pool = core::KvPool::Create(c, po);
+  if (!pool.ok() || (*pool)->num_pages() != options.num_pages) {
+    std::fprintf(stderr, "fuzz world: pool: %s\n", std::string(pool.status().message()).c_str());
+    std::abort();
+  }
+  pool_ = std::move(*pool);
+  sink_ = std::make_shared<isolation::MemoryAuditSink>();
+  isolation::GuardOptions go;
+  go.sink = sink_;
+  go.policy.tenants.clear();
+  for (int t = 0; t < 3; ++t) {
+    go.policy.tenants.push_back({kTenantNames[t], kTenantModes[t], kQuarantineAfter});
+    tenants_.push_back({kTenantModes[t], 0, false});
+  }
+  absl::StatusOr<std::unique_ptr<isolation::Guard>> guard =
+      isolation::Guard::Create(go, &pool_->table(), keys_);
+  if (!guard.ok()) std::abort();
+  guard_ = std::move(*guard);
+  isolation::TableFaults planted;
+  if (options.planted == "no_epoch_pin") {
+    planted.ignore_epoch = true;
+  } else if (options.planted == "no_generation_bump") {
+    planted.skip_generation_bump = true;
+  } else if (options.planted == "release_without_owner_check") {
+    planted.release_without_owner_check = true;
+  } else if (options.planted == "unscrubbed_reuse") {
+    planted.skip_scrub = true;
+  } else if (options.planted == "skip_last_page_verify") {
+    planted.skip_last_grant = true;
+  } else if (options.planted == "handover_after_cancel") {
+    planted_session_.handover_cancelled = true;  // every request's lifecycle carries it
+  } else if (!options.planted.empty()) {
+    std::fprintf(stderr, "fuzz world: unknown planted bug '%s'\n", options.planted.c_str());
+    std::abort();
+  }
+  pool_->table().set_faults(planted);
+  shadow_.resize(size_t(options.num_pages));
+  for (ShadowPage& p : shadow_) p.zeroed = true;  // KvPool::Create zeroes the pool
+}
+
+World::~World() {
+  // Pins and pages go back before the pool (the table) goes away.
+  for (auto& q : requests_) q->pin = {};
+  requests_.clear();
+}
+
+World::Request* World::Get(int r) {
+  return r >= 0 && r < num_requests() ? requests_[size_t(r)].get() : nullptr;
+}
+const World::Request* World::Get(int r) const {
+  return r >= 0 && r < num_requests() ? requests_[size_t(r)].get() : nullptr;
+}
+bool World::live(int r) const {
+  const Request* q = Get(r);
+  return q != nullptr && q->phase != Phase::kDone;
+}
+World::Phase World::phase(int r) const { return Get(r)->phase; }
+bool World::in_step(int r) const {
+  const Request* q = Get(r);
+  return q != nullptr && q->pinned;
+}
+bool World::waiting(int r) const {
+  const Request* q = Get(r);
+  return q != nullptr && q->phase != Phase::kDone && q->waiting;
+}
+bool World::has_copy(int r) const {
+  return std::any_of(copies_.begin(), copies_.end(), [r](const Copy& c) { return c.request == r; });
+}
+int World::num_pages_of(int r) const {
+  const Request* q = Get(r);
+  return q == nullptr || !q->pages ? 0 : q->pages->num_pages();
+}
+
+void World::Log(std::string line) {
+  if (echo_) std::fprintf(stderr, "  %s\n", line.c_str());
+  trace_.push_back(std::move(line));
+  if (trace_.size() > kTraceLines) trace_.pop_front();
+}
+
+void World::Fail(const char* oracle, const std::string& detail) const {
+  std::fprintf(stderr, "==kvguard-fuzz== ORACLE %s: %s\n", oracle, detail.c_str());
+  std::fprintf(stderr, "==kvguard-fuzz== last %zu actions:\n", trace_.size());
+  for (const std::string& line : trace_) std::fprintf(stderr, "  %s\n", line.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+// ---- Shadow model ------------------------------------------------------------------------
+
+void World::OnGranted(Request& q, size_t first) {
+  std::span<const PageGrant> grants = q.pages->grants();
+  for (size_t i = first; i < grants.size(); ++i) {
+    const PageGrant& g = grants[i];
+    if (g.page < 0 || g.page >= options_.num_pages) {
+      Fail("grant-while-readable", absl::StrCat("granted page ", g.page, " is outside the pool"));
+    }
+    ShadowPage& sp = shadow_[size_t(g.page)];
+    Log(absl::StrCat("  granted ", G(g), " to r", q.index));
+    if (sp.state == ShadowPage::State::kOwned || sp.state == ShadowPage::State::kQuarantined) {
+      Fail("grant-while-readable",
+           absl::StrCat("page ", g.page, " granted to session ", q.owner.session, " while session ",
+                        sp.owner.session, " owns it"));
+    }
+    if (sp.state == ShadowPage::State::kLimbo) {
+      Fail("grant-while-readable",
+           absl::StrCat("page ", g.page, " granted again while ",
+                        sp.copies > 0 ? "a copy" : "a step pinned before its release",
+                        " may still read it"));
+    }
+    if (sp.issued && g.generation <= sp.max_issued) {
+      Fail("generation-reused",
+           absl::StrCat("page ", g.page, " granted at generation ", g.generation,
+                        ", already issued up to ", sp.max_issued));
+    }
+    if (sp.zeroed) {
+      const kernels::PagedKvView view = pool_->LayerView(0);
+      const float* k = static_cast<const float*>(view.k) + g.page * view.page_stride;
+      const float* v = static_cast<const float*>(view.v) + g.page * view.page_stride;
+      for (int e = 0; e < kHeadDim * options_.page_size; ++e) {
+        if (k[e] != 0.0f || v[e] != 0.0f) {
+          Fail("unscrubbed-reuse", absl::StrCat("page ", g.page, " was released with scrub but ",
+                                                "is granted again with bytes left in it"));
+        }
+      }
+    }
+    sp.state = ShadowPage::State::kOwned;
+    sp.owner = q.owner;
+    sp.generation = g.generation;
+    sp.issued = true;
+    sp.max_issued = g.generation;
+    sp.tag = g.tag;
+    sp.key = keys_->active_id();
+    sp.scrub = false;
+  }
+}
+
+bool World::ShadowReleasable(const Owner& o, const PageGrant& g) const {
+  if (g.page < 0 || g.page >= options_.num_pages) return false;
+  const ShadowPage& sp = shadow_[size_t(g.page)];
+  return (sp.state == ShadowPage::State::kOwned || sp.state == ShadowPage::State::kQuarantined) &&
+         sp.owner == o && sp.generation == g.generation && sp.tag == g.tag;
+}
+
+void World::ShadowRelease(const PageGrant& g, bool scrub) {
+  ShadowPage& sp = shadow_[size_t(g.page)];
+  sp.scrub = scrub || sp.state == ShadowPage::State::kQuarantined;
+  sp.state = ShadowPage::State::kLimbo;
+  sp.owner = Owner{};
+  sp.tag = PageTag{};
+  ++sp.generation;
+  sp.retire = next_ticket_;
+  ShadowReclaim();
+}
+
+void World::ShadowReclaim() {
+  const uint64_t oldest =
+      pins_.empty() ? UINT64_MAX : *std::min_element(pins_.begin(), pins_.end());
+  for (ShadowPage& sp : shadow_) {
+    if (sp.state != ShadowPage::State::kLimbo || oldest < sp.retire || sp.copies > 0) continue;
+    if (sp.scrub) sp.zeroed = true;
+    sp.scrub = false;
+    sp.state = ShadowPage::State::kFree;
+  }
+}
+
+std::optional<ViolationKind> World::ShadowVerify(const Request& q) const {
+  for (const PageGrant& g : Presented(q)) {
+    if (g.page < 0 || g.page >= options_.num_pages) return ViolationKind::kInvalidPage;
+    const ShadowPage& sp = shadow_[size_t(g.page)];
+    if (sp.state != ShadowPage::State::kOwned || !(sp.owner == q.owner) ||
+        sp.generation != g.generation || !(sp.tag == g.tag)) {
+      return ViolationKind::kStaleGeneration;  // the kind is not compared, only the verdict
+    }
+    if (sp.copies > 0 && !(sp.copy_owner == q.owner)) return ViolationKind::kForeignCopyInFlight;
+  }
+  return std::nullopt;
+}
+
+bool World::ShadowKernelCheck(const Request& q, int page_index) const {
+  const PageGrant g = Presented(q)[size_t(page_index)];
+  if (g.page < 0 || g.page >= options_.num_pages) return false;
+  const ShadowPage& sp = shadow_[size_t(g.page)];
+  const PageTag current = sp.state == ShadowPage::State::kOwned ? sp.tag : PageTag{};
+  return current == g.tag && !TagIsZero(g.tag);
+}
+
+void World::ShadowQuarantine(const Request& q) {
+  for (ShadowPage& sp : shadow_) {
+    if (sp.state == ShadowPage::State::kOwned && sp.owner == q.owner) {
+      sp.state = ShadowPage::State::kQuarantined;
+    }
+  }
+}
+
+void World::CheckInvariants() {
+  if (absl::Status s = pool_->table().CheckAccounting(); !s.ok()) {
+    Fail("accounting", std::string(s.message()));
+  }
+  static constexpr const char* kStateNames[] = {"free", "owned", "limbo", "quarantined"};
+  for (int p = 0; p < options_.num_pages; ++p) {
+    const isolation::PageState real = pool_->table().state(p);
+    const ShadowPage::State want = shadow_[size_t(p)].state;
+    if (static_cast<int>(real) == static_cast<int>(want)) continue;
+    if (want == ShadowPage::State::kLimbo && real == isolation::PageState::kFree) {
+      Fail("freed-while-readable",
+           absl::StrCat(
+               "page ", p, " is free again while ",
+               shadow_[size_t(p)].copies > 0 ? "a copy" : "a step pinned before its release",
+               " may still read it"));
+    }
+    Fail("accounting",
+         absl::StrCat("page ", p, " is ", kStateNames[static_cast<int>(real)], " in the table, ",
+                      kStateNames[static_cast<int>(want)], " in the shadow"));
+  }
+  int free = 0, limbo = 0, used = 0;
+  for (const ShadowPage& sp : shadow_) {
+    free += sp.state == ShadowPage::State::kFree;
+    limbo += sp.state == ShadowPage::State::kLimbo;
+    used += sp.state == ShadowPage::State::kOwned || sp.state == ShadowPage::State::kQuarantined;
+  }
+  const isolation::OwnershipTable& t = pool_->table();
+  if (t.free_pages() != free || t.limbo_pages() != limbo || t.used_pages() != used) {
+    Fail("accounting", absl::StrCat("table free/limbo/used ", t.free_pages(), "/", t.limbo_pages(),
+                                    "/", t.used_pages(), ", shadow ", free, "/", limbo, "/", used));
+  }
+}
+
+// ---- The lifecycle -----------------------------------------------------------------------
+
+std::vector<PageGrant> World::Presented(const Request& q) const {
+  std::vector<PageGrant> out(q.pages->grants().begin(), q.pages->grants().end());
+  for (const auto& [i, g] : q.overrides) {
+    if (size_t(i) < out.size()) out[size_t(i)] = g;
+  }
+  return out;
+}
+
+bool World::ScrubOnRelease(Request& q) {
+  const bool scrub = q.ever_strict || guard_->mode(q.owner.tenant) == Mode::kStrict;
+  q.ever_strict = false;
+  return scrub;
+}
+
+void World::Violated(Request& q, const Violation& v) {
+  Log(absl::StrCat("  r", q.index, " violation ", isolation::ViolationKindName(v.kind)));
+  const bool expected_quarantine =
+      (v.kind == ViolationKind::kTenantQuarantined && tenants_[size_t(q.tenant)].quarantined) ||
+      (v.kind == ViolationKind::kSessionQuarantined && q.quarantined);
+  if (!q.tainted && !expected_quarantine) {
+    Fail("scheduler-violation", absl::StrCat("request ", q.index, " (no fault injected) hit ",
+                                             isolation::DescribeViolation(v)));
+  }
+}
+
+void World::Report(Request& q, const Violation& v) {
+  // Guard::Report quarantines a strict tenant's session (and the tenant at its limit) by
+  // the tenant's mode now.
+  ShadowTenant& st = tenants_[size_t(q.tenant)];
+  if (st.mode == Mode::kStrict && !IsRepeatKind(v.kind)) {
+    q.quarantined = true;
+    ShadowQuarantine(q);
+    if (++st.strict_violations >= kQuarantineAfter) st.quarantined = true;
+  }
+  guard_->Report(v, q.owner.session);
+}
+
+void World::Abort(Request& q, const Violation& v) {
+  Violated(q, v);
+  Report(q, v);
+  q.aborted = true;
+  if (q.pinned) {
+    q.pin = {};
+    q.pinned = false;
+    pins_.erase(std::find(pins_.begin(), pins_.end(), q.ticket));
+    ShadowReclaim();
+  }
+  Complete(q);
+}
+
+void World::ReleaseAll(Request& q) {
+  const bool scrub = ScrubOnRelease(q);
+  std::vector<int32_t> expect_refused;
+  for (const PageGrant& g : q.pages->grants()) {
+    if (ShadowReleasable(q.owner, g)) {
+      ShadowRelease(g, scrub);
+    } else {
+      expect_refused.push_back(g.page);
+    }
+    q.released.push_back(g);
+  }
+  std::vector<Violation> refused = q.pages->Release(scrub);
+  std::vector<int32_t> got;
+  for (const Violation& v : refused) got.push_back(v.page);
+  if (got != expect_refused) {
+    Fail("release-outcome", absl::StrCat("request ", q.index, " released its pages: ", got.size(),
+                                         " refused, the shadow expected ", expect_refused.size()));
+  }
+  q.overrides.clear();
+  if (!q.aborted) {
+    for (const Violation& v : refused) {
+      Violated(q, v);
+      Report(q, v);
+    }
+  }
+}
+
+void World::Complete(Request& q) {
+  if (!q.waiting) ReleaseAll(q);
+  q.waiting = true;
+  q.phase = Phase::kDone;
+  Log(absl::StrCat("  r", q.index, " done"));
+}
+
+void World::BeginStep(Request& q) {
+  q.pin = pool_->table().PinStep();
+  q.pinned = true;
+  q.ticket = next_ticket_++;
+  pins_.push_back(q.ticket);
+  q.step_mode = guard_->mode(q.owner.tenant);
+  if (q.step_mode != tenants_[size_t(q.tenant)].mode) {
+    Fail("mode", absl::StrCat("tenant ", kTenantNames[q.tenant], " reads mode ",
+                              isolation::ModeName(q.step_mode), ", set to ",
+                              isolation::ModeName(tenants_[size_t(q.tenant)].mode)));
+  }
+  q.ever_strict = q.ever_strict || q.step_mode == Mode::kStrict;
+  const std::vector<PageGrant> presented = Presented(q);
+  const std::optional<Violation> v = guard_->Verify(q.owner, presented, q.step_mode);
+  std::optional<ViolationKind> want;
+  const ShadowTenant& st = tenants_[size_t(q.tenant)];
+  if (q.step_mode == Mode::kStrict && st.quarantined) {
+    want = ViolationKind::kTenantQuarantined;
+  } else if (q.step_mode == Mode::kStrict && q.quarantined) {
+    want = ViolationKind::kSessionQuarantined;
+  } else if (q.step_mode != Mode::kOff) {
+    want = ShadowVerify(q);
+  }
+  Log(absl::StrCat("r", q.index, " pin+verify (", isolation::ModeName(q.step_mode), ", ",
+                   presented.size(),
+                   " pages): ", v ? isolation::ViolationKindName(v->kind) : "ok"));
+  if (v && !want) {
+    Fail("legit-read-rejected", absl::StrCat("verification refused request ", q.index, ": ",
+                                             isolation::DescribeViolation(*v)));
+  }
+  if (!v && want) {
+    Fail("access-let-through",
+         absl::StrCat("verification passed request ", q.index, "'s page table, the shadow says ",
+                      isolation::ViolationKindName(*want)));
+  }
+  if (v) Abort(q, *v);
+}
+
+namespace {
+kernels::DecodeQuery OnePageQuery(const PageGrant& g, int tokens) {
+  kernels::DecodeQuery dq;
+  dq.page_table = &g.page;
+  dq.expected_tags = &g.tag;
+  dq.length = tokens;
+  return dq;
+}
+}  // namespace
+
+void World::KernelCheckAndRead(Request& q, int page_index) {
+  const std::vector<PageGrant> presented = Presented(q);
+  const PageGrant g = presented[size_t(page_index)];
+  const int P = options_.page_size;
+  const int tokens = std::min(P, q.pages->kv_len() + 1 - page_index * P);
+  const kernels::PagedKvView view = pool_->LayerView(0);
+  const bool pass = kernels::FirstTagFault(view, OnePageQuery(g, tokens)) < 0;
+  const bool want = ShadowKernelCheck(q, page_index);
+  Log(absl::StrCat("r", q.index, " read ", G(g), ": ", pass ? "ok" : "kernel tag mismatch"));
+  if (pass && !want) {
+    Fail("access-let-through", absl::StrCat("the kernel check let request ", q.index, " read ",
+                                            G(g), ", which is not its current page"));
+  }
+  if (!pass && want) {
+    Fail("legit-read-rejected",
+         absl::StrCat("the kernel check refused request ", q.index, "'s own ", G(g)));
+  }
+  if (!pass) {
+    Violation v;
+    v.kind = ViolationKind::kKernelTagMismatch;
+    v.requester = q.owner;
+    v.page = g.page;
+    v.page_index = page_index;
+    v.expected_generation = g.generation;
+    Abort(q, v);
+    return;
+  }
+  const float* k = static_cast<const float*>(view.k) + g.page * view.page_stride;
+  const float* vv = static_cast<const float*>(view.v) + g.page * view.page_stride;
+  for (int s = 0; s < tokens; ++s) {
+    const float want_session = float(q.owner.session);
+    const float want_pos = float(page_index * P + s + 1);
+    if (k[s] != want_session || k[P + s] != want_pos || vv[s * kHeadDim] != want_session ||
+        vv[s * kHeadDim + 1] != want_pos) {
+      Fail("access-let-through",
+           absl::StrCat("request ", q.index, " read slot ", s, " of ", G(g), ": session ", k[s],
+                        " position ", k[P + s], ", not its own"));
+    }
+  }
+}
+
+void World::KernelCheckAndWrite(Request& q, int position) {
+  const int P = options_.page_size;
+  const int page_index = position / P;
+  const std::vector<PageGrant> presented = Presented(q);
+  const PageGrant g = presented[size_t(page_index)];
+  const bool pass =
+      kernels::FirstTagFault(pool_->LayerView(0), OnePageQuery(g, position % P + 1)) < 0;
+  const bool want = ShadowKernelCheck(q, page_index);
+  if (pass && !want) {
+    Fail("access-let-through", absl::StrCat("the kernel check let request ", q.index,
+                                            " write into ", G(g), ", not its current page"));
+  }
+  if (!pass && want) {
+    Fail("legit-read-rejected",
+         absl::StrCat("the kernel check refused request ", q.index, "'s write into its ", G(g)));
+  }
+  if (!pass) {
+    Log(absl::StrCat("r", q.index, " write pos ", position, " into ", G(g), ": tag mismatch"));
+    Violation v;
+    v.kind = ViolationKind::kKernelTagMismatch;
+    v.requester = q.owner;
+    v.page = g.page;
+    v.page_index = page_index;
+    v.expected_generation = g.generation;
+    Abort(q, v);
+    return;
+  }
+  float k[kHeadDim] = {}, v[kHeadDim] = {};
+  k[0] = v[0] = float(q.owner.session);
+  k[1] = v[1] = float(position + 1);
+  pool_->WriteToken(0, g, position % P, k, v);
+  shadow_[size_t(g.page)].zeroed = false;
+}
+
+void World::EndStep(Request& q, bool prefill) {
+  std::optional<Violation> v;
+  if (q.step_mode != Mode::kOff) {
+    const std::vector<PageGrant> presented = Presented(q);
+    v = pool_->table().Verify(q.owner, presented);
+    const std::optional<ViolationKind> want = ShadowVerify(q);
+    if (v && !want) {
+      Fail("legit-read-rejected", absl::StrCat("post-step verification refused request ", q.index,
+                                               ": ", isolation::DescribeViolation(*v)));
+    }
+    if (!v && want) {
+      Fail("access-let-through",
+           absl::StrCat("post-step verification passed request ", q.index, "; the shadow says ",
+                        isolation::ViolationKindName(*want)));
+    }
+  }
+  q.pin = {};
+  q.pinned = false;
+  pins_.erase(std::find(pins_.begin(), pins_.end(), q.ticket));
+  ShadowReclaim();
+  Log(absl::StrCat("r", q.index,
+                   " end step + unpin: ", v ? isolation::ViolationKindName(v->kind) : "ok"));
+  if (v) {
+    Abort(q, *v);
+    return;
+  }
+  if (!prefill) {
+    q.pages->set_kv_len(q.pages->kv_len() + 1);
+    q.phase = Phase::kDecodeGrow;
+    return;
+  }
+  // The handover consumes the cancel flag, as in the engine.
+  const bool cancelled = std::exchange(q.cancelled, false);
+  std::vector<int32_t> expect_refused;
+  if (cancelled) {
+    const bool scrub = ScrubOnRelease(q);
+    for (const PageGrant& g : q.pages->grants()) {
+      if (ShadowReleasable(q.owner, g)) {
+        ShadowRelease(g, scrub);
+      } else {
+        expect_refused.push_back(g.page);
+      }
+      q.released.push_back(g);
+    }
+    std::vector<Violation> refused;
+    const bool handed = q.pages->HandOver(true, scrub, &refused);
+    std::vector<int32_t> got;
+    for (const Violation& r : refused) got.push_back(r.page);
+    if (got != expect_refused) {
+      Fail("release-outcome",
+           absl::StrCat("request ", q.index, "'s cancelled handover: ", got.size(),
+                        " releases refused, the shadow expected ", expect_refused.size()));
+    }
+    for (const Violation& r : refused) {
+      Violated(q, r);
+      Report(q, r);
+    }
+    if (!handed) {
+      Log(absl::StrCat("r", q.index, " cancelled at handover"));
+      q.waiting = true;
+      q.phase = Phase::kDone;
+      return;
+    }
+    Log(absl::StrCat("r", q.index, " handed over after cancel"));
+  }
+  q.pages->set_kv_len(q.tokens);
+  q.phase = Phase::kDecodeGrow;
+}
+
+// ---- Actions -----------------------------------------------------------------------------
+
+bool World::Open(int tenant, int prompt, int gen) {
+  if (num_requests() >= options_.max_requests) return false;
+  tenant = std::clamp(tenant, 0, 2);
+  const isolation::TenantId id = *guard_->ResolveTenant(kTenantNames[tenant]);
+  const absl::Status admitted = guard_->Admit(id);
+  if (admitted.ok() == tenants_[size_t(tenant)].quarantined) {
+    Fail("admission",
+         absl::StrCat("tenant ", kTenantNames[tenant], " admitted: ", admitted.ok(),
+                      ", quarantined in the shadow: ", tenants_[size_t(tenant)].quarantined));
+  }
+  if (!admitted.ok()) return false;
+  auto q = std::make_unique<Request>();
+  q->index = num_requests();
+  q->tenant = tenant;
+  q->owner = Owner{id, uint64_t(q->index) + 1};
+  q->pages = std::make_unique<core::SessionPages>(&pool_->table(), q->owner, options_.page_size);
+  q->pages->set_faults(planted_session_);
+  q->tokens = std::max(1, prompt);
+  q->target = q->tokens + std::max(1, gen);
+  Log(absl::StrCat("open r", q->index, " tenant ", kTenantNames[tenant], " prompt ", q->tokens,
+                   " target ", q->target));
+  requests_.push_back(std::move(q));
+  return true;
+}
+
+bool World::Advance(int r) {
+  Request* q = Get(r);
+  if (q == nullptr || q->phase == Phase::kDone) return false;
+  const int P = options_.page_size;
+  if (q->waiting) {
+    if (q->cancelled) {
+      Log(absl::StrCat("r", r, " cancelled while waiting"));
+      q->phase = Phase::kDone;
+      return true;
+    }
+    const isolation::Mode mode = guard_->mode(q->owner.tenant);
+    const absl::Status s = q->pages->GrantFor(q->tokens);
+    Log(absl::StrCat("r", r, " admit: grant ", q->pages->PagesFor(q->tokens),
+                     " pages: ", s.ok() ? "ok" : std::string(s.message())));
+    if (!s.ok()) {
+      if (!absl::IsResourceExhausted(s)) Fail("grant", std::string(s.message()));
+      return false;
+    }
+    q->ever_strict = q->ever_strict || mode == Mode::kStrict;
+    q->waiting = false;
+    OnGranted(*q, 0);
+    q->phase = Phase::kPrefillVerify;
+    return true;
+  }
+  switch (q->phase) {
+    case Phase::kPrefillVerify:
+      BeginStep(*q);
+      if (q->phase != Phase::kDone) {
+        q->phase = Phase::kPrefillWrite;
+        q->cursor = 0;
+      }
+      return true;
+    case Phase::kPrefillWrite: {
+      const int end = std::min(q->tokens, (q->cursor + 1) * P);
+      for (int pos = q->cursor * P; pos < end && q->phase != Phase::kDone; ++pos) {
+        KernelCheckAndWrite(*q, pos);
+      }
+      Log(absl::StrCat("r", r, " prefill wrote page ", q->cursor));
+      if (q->phase == Phase::kDone) return true;
+      if (++q->cursor >= q->pages->PagesFor(q->tokens)) q->phase = Phase::kPrefillFinish;
+      return true;
+    }
+    case Phase::kPrefillFinish:
+      EndStep(*q, /*prefill=*/true);
+      return true;
+    case Phase::kDecodeGrow: {
+      if (q->cancelled || q->pages->kv_len() >= q->target) {
+        Log(absl::StrCat("r", r, q->cancelled ? " leaves cancelled" : " finished"));
+        Complete(*q);
+        return true;
+      }
+      const int before = q->pages->num_pages();
+      const absl::Status s = q->pages->GrowForNextToken();
+      if (!s.ok()) {
+        if (!absl::IsResourceExhausted(s)) Fail("grant", std::string(s.message()));
+        Log(absl::StrCat("r", r, " grow: pool dry"));
+        return false;
+      }
+      if (q->pages->num_pages() > before) OnGranted(*q, size_t(before));
+      q->phase = Phase::kDecodeVerify;
+      return true;
+    }
+    case Phase::kDecodeVerify:
+      BeginStep(*q);
+      if (q->phase != Phase::kDone) q->phase = Phase::kDecodeWrite;
+      return true;
+    case Phase::kDecodeWrite:
+      KernelCheckAndWrite(*q, q->pages->kv_len());
+      if (q->phase != Phase::kDone) {
+        q->phase = Phase::kDecodeRead;
+        q->cursor = 0;
+      }
+      return true;
+    case Phase::kDecodeRead:
+      KernelCheckAndRead(*q, q->cursor);
+      if (q->phase != Phase::kDone && ++q->cursor >= q->pages->PagesFor(q->pages->kv_len() + 1)) {
+        q->phase = Phase::kDecodeFinish;
+      }
+      return true;
+    case Phase::kDecodeFinish:
+      EndStep(*q, /*prefill=*/false);
+      return true;
+    case Phase::kDone:
+      break;
+  }
+  return false;
+}
+
+bool World::Cancel(int r) {
+  Request* q = Get(r);
+  if (q == nullptr || q->phase == Phase::kDone || q->cancelled) return false;
+  q->cancelled = true;
+  Log(absl::StrCat("cancel r", r));
+  return true;
+}
+
+bool World::Preempt(int r) {
+  Request* q = Get(r);
+  if (q == nullptr || q->phase != Phase::kDecodeGrow || q->waiting) return false;
+  const int kv = q->pages->kv_len();
+  Log(absl::StrCat("preempt r", r, " (", q->pages->num_pages(), " pages, ", kv, " tokens)"));
+  ReleaseAll(*q);
+  q->waiting = true;
+  q->tokens = kv;
+  return true;
+}
+
+bool World::CopyStep(int r, int page_index) {
+  for (size_t c = 0; c < copies_.size(); ++c) {
+    Copy& copy = copies_[c];
+    if (copy.request != r) continue;
+    Request& q = *Get(r);
+    ShadowPage& sp = shadow_[size_t(copy.grant.page)];
+    if (!copy.read) {
+      // The copy engine reads the page: it must still be the copier's, at the grant's
+      // generation, or waiting out the copy in limbo after the copier released it.
+      const bool ours =
+          sp.state != ShadowPage::State::kFree &&
+          ((sp.owner == q.owner && sp.generation == copy.grant.generation) ||
+           (sp.state == ShadowPage::State::kLimbo && sp.generation == copy.grant.generation + 1));
+      Log(absl::StrCat("copy r", r, " reads ", G(copy.grant)));
+      if (!ours) {
+        Fail("grant-while-readable",
+             absl::StrCat("an in-flight copy of ", G(copy.grant), " for request ", r,
+                          " reads a page that has changed hands"));
+      }
+      copy.read = true;
+      return true;
+    }
+    const std::optional<Violation> v = pool_->table().EndCopy(q.owner, copy.grant);
+    const bool want_ok = sp.generation == copy.grant.generation && sp.owner == q.owner &&
+                         sp.state != ShadowPage::State::kLimbo &&
+                         sp.state != ShadowPage::State::kFree;
+    if (sp.copies > 0 && sp.copy_owner == q.owner) --sp.copies;
+    if (sp.copies == 0) sp.copy_owner = Owner{};
+    ShadowReclaim();
+    Log(absl::StrCat("copy r", r, " end ", G(copy.grant), ": ",
+                     v ? isolation::ViolationKindName(v->kind) : "ok"));
+    if (v.has_value() == want_ok) {
+      Fail("copy-outcome", absl::StrCat("EndCopy of ", G(copy.grant), " for request ", r,
+                                        (v ? " refused" : " accepted"), " against the shadow"));
+    }
+    copies_.erase(copies_.begin() + ptrdiff_t(c));
+    return true;
+  }
+  Request* q = Get(r);
+  if (q == nullptr || q->phase == Phase::kDone || q->waiting || q->pages->num_pages() == 0) {
+    return false;
+  }
+  const PageGrant g = q->pages->grants()[size_t(page_index) % size_t(q->pages->num_pages())];
+  const std::optional<Violation> v = pool_->table().BeginCopy(q->owner, g);
+  ShadowPage& sp = shadow_[size_t(g.page)];
+  const bool want_ok = sp.state == ShadowPage::State::kOwned && sp.owner == q->owner &&
+                       sp.generation == g.generation && sp.tag == g.tag &&
+                       (sp.copies == 0 || sp.copy_owner == q->owner);
+  Log(absl::StrCat("copy r", r, " begin ", G(g), ": ",
+                   v ? isolation::ViolationKindName(v->kind) : "ok"));
+  if (v.has_value() == want_ok) {
+    Fail("copy-outcome", absl::StrCat("BeginCopy of ", G(g), " for request ", r,
+                                      (v ? " refused" : " accepted"), " against the shadow"));
+  }
+  if (v) {
+    // Only a page the request no longer holds (a fault made it stale) can be refused.
+    Violated(*q, *v);
+    Report(*q, *v);
+    return true;
+  }
+  ++sp.copies;
+  sp.copy_owner = q->owner;
+  copies_.push_back(Copy{r, g, false});
+  return true;
+}
+
+bool World::RotateKey() {
+  if (keys_->key_ids().size() >= size_t(kMaxKeys)) return false;
+  absl::StatusOr<isolation::KeyId> id = guard_->RotateKey("fuzz");
+  if (!id.ok()) Fail("key-retire", std::string(id.status().message()));
+  Log(absl::StrCat("rotate tag key -> ", *id));
+  return true;
+}
+
+bool World::RetireOldKeys() {
+  bool any = false;
+  for (isolation::KeyId id : keys_->key_ids()) {
+    if (id == keys_->active_id()) continue;
+    int held = 0;
+    for (const ShadowPage& sp : shadow_) {
+      held +=
+          (sp.state == ShadowPage::State::kOwned || sp.state == ShadowPage::State::kQuarantined) &&
+          sp.key == id;
+    }
+    const absl::Status s = guard_->RetireKey(id);
+    Log(absl::StrCat("retire key ", id, " (", held,
+                     " pages hold it): ", s.ok() ? "ok" : std::string(s.message())));
+    if (s.ok() != (held == 0)) {
+      Fail("key-retire", absl::StrCat("key ", id, " retire ", s.ok() ? "accepted" : "refused",
+                                      " with ", held, " held pages under it"));
+    }
+    any = true;
+  }
+  return any;
+}
+
+bool World::SetMode(int tenant, Mode mode) {
+  tenant = std::clamp(tenant, 0, 2);
+  const absl::Status s = guard_->SetMode(kTenantNames[tenant], mode, "fuzz");
+  if (!s.ok()) Fail("mode", std::string(s.message()));
+  tenants_[size_t(tenant)].mode = mode;
+  Log(absl::StrCat("set mode ", kTenantNames[tenant], " ", isolation::ModeName(mode)));
+  return true;
+}
+
+bool World::Inject(Fault f, int r, uint32_t arg) {
+  Request* q = Get(r);
+  if (q == nullptr || q->phase == Phase::kDone) return false;
+  const int n = q->waiting ? 0 : q->pages->num_pages();
+  switch (f) {
+    case Fault::kReleaseMidStep: {
+      if (!q->pinned || n == 0) return false;
+      const PageGrant g = q->pages->grants()[arg % uint32_t(n)];
+      if (!ShadowReleasable(q->owner, g)) return false;  // already gone
+      q->tainted = true;
+      Log(absl::StrCat("FAULT release mid-step r", r, " ", G(g)));
+      ShadowRelease(g, false);
+      if (std::optional<Violation> v = pool_->table().Release(q->owner, g, false)) {
+        Fail("release-outcome", absl::StrCat("the release of request ", r, "'s current ", G(g),
+                                             " was refused: ", isolation::DescribeViolation(*v)));
+      }
+      return true;
+    }
+    case Fault::kDoubleRelease: {
+      if (q->released.empty()) return false;
+      const PageGrant g = q->released[arg % q->released.size()];
+      q->tainted = true;
+      const bool want = ShadowReleasable(q->owner, g);
+      if (want) ShadowRelease(g, false);
+      const std::optional<Violation> v = pool_->table().Release(q->owner, g, false);
+      Log(absl::StrCat("FAULT double release r", r, " ", G(g), ": ",
+                       v ? isolation::ViolationKindName(v->kind) : "accepted"));
+      if (v.has_value() == want) {
+        Fail("release-outcome",
+             absl::StrCat("a second release of ", G(g), " by request ", r,
+                          v ? " was refused" : " was accepted", " against the shadow"));
+      }
+      if (v) Report(*q, *v);
+      return true;
+    }
+    case Fault::kStalePageTable: {
+      if (n == 0 || q->released.empty()) return false;
+      const int i = int(arg % uint32_t(n));
+      q->overrides[i] = q->released[(arg >> 8) % q->released.size()];
+      q->tainted = true;
+      Log(absl::StrCat("FAULT stale page table r", r, "[", i, "] = ", G(q->overrides[i])));
+      return true;
+    }
+    case Fault::kForgedPageTable: {
+      if (n == 0) return false;
+      const int i = int(arg % uint32_t(n));
+      PageGrant g;
+      g.page = int32_t((arg >> 4) % uint32_t(options_.num_pages + 2)) - 1;
+      g.generation = (arg >> 8) % 8;
+      if ((arg >> 11) & 1) {
+        g.tag = PageTag{};  // zero: the tag of a page nobody owns
+      } else {
+        g.tag = PageTag{0x9e3779b97f4a7c15ull * (arg | 1), arg};
+      }
+      q->overrides[i] = g;
+      q->tainted = true;
+      Log(absl::StrCat("FAULT forged page table r", r, "[", i, "] = ", G(g)));
+      return true;
+    }
+    case Fault::kForeignRelease: {
+      for (int k = 1; k < num_requests(); ++k) {
+        Request* victim = Get(int((uint32_t(r) + uint32_t(k) + arg) % uint32_t(num_requests())));
+        if (victim == q || victim->phase == Phase::kDone || victim->waiting ||
+            victim->pages->num_pages() == 0) {
+          continue;
+        }
+        const PageGrant g =
+            victim->pages->grants()[(arg >> 8) % uint32_t(victim->pages->num_pages())];
+        q->tainted = true;
+        const bool want = ShadowReleasable(q->owner, g);
+        if (want) ShadowRelease(g, false);
+        const std::optional<Violation> v = pool_->table().Release(q->owner, g, false);
+        Log(absl::StrCat("FAULT r", r, " releases r", victim->index, "'s ", G(g), ": ",
+                         v ? isolation::ViolationKindName(v->kind) : "accepted"));
+        if (v.has_value() == want) {
+          Fail("release-outcome",
+               absl::StrCat("request ", r, "'s release of request ", victim->index, "'s ", G(g),
+                            v ? " was refused" : " was accepted", " against the shadow"));
+        }
+        if (v) Report(*q, *v);
+        return true;
+      }
+      return false;
+    }
+    case Fault::kHandoverCancelled: {
+      if (q->waiting || q->phase > Phase::kPrefillFinish) return false;
+      core::SessionFaults sf;
+      sf.handover_cancelled = true;
+      q->pages->set_faults(sf);
+      q->cancelled = true;
+      q->tainted = true;
+      Log(absl::StrCat("FAULT cancelled handover r", r));
+      return true;
+    }
+    case Fault::kCount:
+      break;
+  }
+  return false;
+}
+
+void World::Finish() {
+  for (int round = 0; round < 64; ++round) {
+    bool any = false;
+    for (int r = 0; r < num_requests(); ++r) {
+      while (has_copy(r)) CopyStep(r, 0);
+      if (!live(r)) continue;
+      any = true;
+      Cancel(r);
+      for (int i = 0; i < 256 && live(r); ++i) {
+        if (!Advance(r)) break;
+        CheckInvariants();
+      }
+    }
+    if (!any) break;
+  }
+  for (int r = 0; r < num_requests(); ++r) {
+    if (live(r)) Fail("accounting", absl::StrCat("request ", r, " cannot finish"));
+  }
+  CheckInvariants();
+  const isolation::OwnershipTable& t = pool_->table();
+  if (t.free_pages() != t.num_pages()) {
+    Fail("accounting", absl::StrCat("every request finished, yet only ", t.free_pages(), " of ",
+                                    t.num_pages(), " pages are free"));
+  }
+}
+
+}  // namespace kvguard::fuzz

@@ -1,0 +1,188 @@
+// fuzz/harness/world.h: the shared world of the isolation fuzz targets (page_ops,
+// realloc_race): a real KV pool, ownership table, tag key ring and guard, requests that go
+// through the engine's page lifecycle (core/session_pages.h) one atomic action at a time, and
+// a shadow model that knows who should own what and checks every answer the real code gives.
+//
+// An action is one call into shared isolation or pool state (a grant, a verification, one
+// page read or write, a release, a pin, a copy, a key or mode change), so an interleaving of
+// actions is exactly an interleaving of the accesses a real multi-threaded engine makes.
+//
+// The oracles (a violated one prints its name, the detail and the action trace, then aborts,
+// which libFuzzer reports as a crash):
+//   read-let-through     a page read after verification and the kernel's tag check passed is
+//                        not the reader's current page, or holds bytes the reader did not write
+//   legit-read-rejected  verification (or the kernel check) refused a page table the shadow
+//                        says is entirely the requester's
+//   release-outcome      a release was accepted that the shadow says must be refused, or the
+//                        reverse (double release, stale release, another session's grant)
+//   grant-while-readable a page was granted again while a pinned step or a copy that started
+//                        before its release may still read it, or while someone owns it
+//   freed-while-readable a page went back to the free list while such a step or copy may
+//                        still read it (found before anyone is granted it)
+//   generation-reused    a grant repeats a generation its page already had
+//   unscrubbed-reuse     a page released with scrub was granted again with bytes left in it
+//   scheduler-violation  a request no injected fault touched hit a violation: the scheduler's
+//                        own lifecycle presented a bad page table (e.g. a cancelled request
+//                        handed over to decode)
+//   accounting           the table's own accounting check failed, or its free / limbo / used
+//                        counts differ from the shadow's
+//   copy-outcome, key-retire, admission: the copy-end verdict, a key retired while pages it
+//                        tagged are held, a quarantined tenant admitted
+//
+// Injected faults are misbehaving callers (a release mid-step, a double release, a stale or
+// forged page table, another session's release, a cancelled handover): the isolation layer
+// must contain each, so they taint only the request they hit. Planted bugs (fuzz/README.md)
+// are the opposite: a broken isolation layer or scheduler that the oracles must expose.
+#ifndef KVGUARD_FUZZ_HARNESS_WORLD_H_
+#define KVGUARD_FUZZ_HARNESS_WORLD_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/kv_pool.h"
+#include "core/session_pages.h"
+#include "isolation/guard.h"
+#include "isolation/ownership_table.h"
+
+namespace kvguard::fuzz {
+
+struct WorldOptions {
+  int num_pages = 10;
+  int page_size = 4;
+  int max_requests = 16;  // requests opened over the world's life (ids 1..)
+  // A planted bug (fuzz/README.md) switched on in the real code for the world's life: one of
+  // no_epoch_pin, no_generation_bump, release_without_owner_check, unscrubbed_reuse,
+  // skip_last_page_verify, handover_after_cancel; "" for none.
+  std::string planted;
+};
+
+// Faults a fuzz input may inject (see the file comment). Each taints the request it hits.
+enum class Fault : uint8_t {
+  kReleaseMidStep,     // one of the request's pages is released while its step is in flight
+  kDoubleRelease,      // a grant the request already released is released again
+  kStalePageTable,     // one entry of its page table is replaced by a grant it released
+  kForgedPageTable,    // one entry is replaced by a made-up page, generation and tag
+  kForeignRelease,     // it releases another request's current grant
+  kHandoverCancelled,  // cancelled during prefill, it is handed over anyway
+  kCount,
+};
+
+class World {
+ public:
+  // Request phases. A request runs prefill (verify, write each page, finish + handover), then
+  // decode steps (grow, verify, read each page, write, finish) until it is done.
+  enum class Phase : uint8_t {
+    kPrefillVerify,
+    kPrefillWrite,
+    kPrefillFinish,
+    kDecodeGrow,
+    kDecodeVerify,
+    kDecodeRead,
+    kDecodeWrite,
+    kDecodeFinish,
+    kDone,
+  };
+
+  explicit World(const WorldOptions& options = {});
+  ~World();
+  World(const World&) = delete;
+  World& operator=(const World&) = delete;
+
+  // ---- Actions. Each returns false when it does not apply now (nothing happened). ----
+  // Open admits a new request of tenant `tenant` (0..2: enforce, strict, off at start) with a
+  // prompt of `prompt` tokens that generates up to `gen` more, and grants its prompt pages.
+  bool Open(int tenant, int prompt, int gen);
+  // Advance runs the next action of request `r`'s lifecycle (one phase, or one page of a
+  // write or read phase).
+  bool Advance(int r);
+  // Cancel flags request `r` (it leaves at its next handover or decode step).
+  bool Cancel(int r);
+  // Preempt releases a decoding request's pages between its steps; it is prefilled again.
+  bool Preempt(int r);
+  // Copy starts, runs or ends an asynchronous copy of one page of request `r` (the copy
+  // engine's offload of a page): BeginCopy, then the copy reads the page, then EndCopy.
+  bool CopyStep(int r, int page_index);
+  bool RotateKey();
+  bool RetireOldKeys();
+  bool SetMode(int tenant, isolation::Mode mode);
+  // Inject applies fault `f` to request `r` (`arg` picks a page, a victim or a made-up value).
+  bool Inject(Fault f, int r, uint32_t arg);
+
+  // ---- Queries for the drivers. ----
+  int num_requests() const { return static_cast<int>(requests_.size()); }
+  bool live(int r) const;  // opened and not done
+  Phase phase(int r) const;
+  bool in_step(int r) const;  // between a verify and its finish
+  bool waiting(int r) const;  // preempted, to be prefilled again
+  int num_pages_of(int r) const;
+  bool has_copy(int r) const;  // an asynchronous copy of one of its pages is in flight
+  // CheckInvariants runs the accounting oracle (after every action of the drivers).
+  void CheckInvariants();
+  // Finish cancels every live request and drives it to done, then checks that the pool is
+  // whole again.
+  void Finish();
+
+  // The trace of actions so far, printed with a failed oracle (and by the drivers on demand).
+  const std::deque<std::string>& trace() const { return trace_; }
+  void set_echo(bool echo) { echo_ = echo; }
+
+ private:
+  struct Request;
+  struct ShadowPage;
+  struct Copy;
+
+  Request* Get(int r);
+  const Request* Get(int r) const;
+  void Log(std::string line);
+  [[noreturn]] void Fail(const char* oracle, const std::string& detail) const;
+
+  // Shadow bookkeeping around the real calls.
+  void OnGranted(Request& q, size_t first);
+  bool ShadowReleasable(const isolation::Owner& o, const isolation::PageGrant& g) const;
+  void ShadowRelease(const isolation::PageGrant& g, bool scrub);
+  void ShadowReclaim();
+  std::optional<isolation::ViolationKind> ShadowVerify(const Request& q) const;
+  bool ShadowKernelCheck(const Request& q, int page_index) const;
+  void ShadowQuarantine(const Request& q);
+
+  // Steps of the lifecycle.
+  std::vector<isolation::PageGrant> Presented(const Request& q) const;
+  void BeginStep(Request& q);
+  void KernelCheckAndRead(Request& q, int page_index);
+  void KernelCheckAndWrite(Request& q, int position);
+  void EndStep(Request& q, bool prefill);
+  void Violated(Request& q, const isolation::Violation& v);
+  void Report(Request& q, const isolation::Violation& v);  // guard_->Report + the shadow
+  void Abort(Request& q, const isolation::Violation& v);
+  void ReleaseAll(Request& q);
+  bool ScrubOnRelease(Request& q);
+  void Complete(Request& q);
+
+  WorldOptions options_;
+  std::shared_ptr<isolation::TagKeyRing> keys_;
+  std::unique_ptr<core::KvPool> pool_;
+  std::shared_ptr<isolation::MemoryAuditSink> sink_;
+  std::unique_ptr<isolation::Guard> guard_;
+  std::vector<std::unique_ptr<Request>> requests_;
+  std::vector<ShadowPage> shadow_;
+  std::vector<uint64_t> pins_;  // tickets of the steps in flight (the shadow's copy)
+  uint64_t next_ticket_ = 1;
+  struct ShadowTenant {
+    isolation::Mode mode;
+    int strict_violations = 0;
+    bool quarantined = false;
+  };
+  std::vector<ShadowTenant> tenants_;
+  std::vector<Copy> copies_;
+  core::SessionFaults planted_session_;
+  std::deque<std::string> trace_;
+  bool echo_ = false;
+};
+
+}  // namespace kvguard::fuzz
+
+#endif  // KVGUARD_FUZZ_HARNESS_WORLD_H_
