@@ -201,6 +201,22 @@ absl::Status SpecialId(const gguf::File& f, const std::string& key, int vocab, i
   return absl::OkStatus();
 }
 
+// PerTokenArray sets *out to the array at `key` (elements of `elem`, one per token), or to
+// nullptr when the key is absent.
+absl::Status PerTokenArray(const gguf::File& f, const std::string& key, gguf::ValueType elem,
+                           size_t vocab, const gguf::Value** out) {
+  *out = nullptr;
+  if (f.Find(key) == nullptr) return absl::OkStatus();
+  absl::StatusOr<const gguf::Value*> a = f.GetArray(key, elem);
+  if (!a.ok()) return a.status();
+  if ((*a)->count != vocab) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key '", key, "' has ", (*a)->count, " entries for ", vocab, " tokens"));
+  }
+  *out = *a;
+  return absl::OkStatus();
+}
+
 absl::Status OptionalBool(const gguf::File& f, const std::string& key, bool* out) {
   if (f.Find(key) == nullptr) return absl::OkStatus();
   absl::StatusOr<bool> v = f.GetBool(key);
@@ -234,26 +250,23 @@ absl::StatusOr<std::unique_ptr<GgufTokenizer>> GgufTokenizer::Create(const gguf:
         absl::StrCat("key 'tokenizer.ggml.tokens' has ", vocab, " tokens (must be 1..2^22)"));
   }
   t->scores_.assign(vocab, 0.0f);
-  std::vector<int> types(vocab, 1);
-  if (f.Find("tokenizer.ggml.scores") != nullptr) {
-    absl::StatusOr<const gguf::Value*> s =
-        f.GetArray("tokenizer.ggml.scores", gguf::ValueType::kFloat32);
-    if (!s.ok()) return s.status();
-    if ((*s)->count != vocab) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "key 'tokenizer.ggml.scores' has ", (*s)->count, " entries for ", vocab, " tokens"));
-    }
-    for (size_t i = 0; i < vocab; ++i) t->scores_[i] = static_cast<float>(ArrayFloat(**s, i));
+  std::vector<int> types(vocab, 1);  // ggml's NORMAL when there is no token_type
+  const gguf::Value* scores = nullptr;
+  const gguf::Value* type_array = nullptr;
+  if (auto s = PerTokenArray(f, "tokenizer.ggml.scores", gguf::ValueType::kFloat32, vocab, &scores);
+      !s.ok()) {
+    return s;
   }
-  if (f.Find("tokenizer.ggml.token_type") != nullptr) {
-    absl::StatusOr<const gguf::Value*> s =
-        f.GetArray("tokenizer.ggml.token_type", gguf::ValueType::kInt32);
-    if (!s.ok()) return s.status();
-    if ((*s)->count != vocab) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "key 'tokenizer.ggml.token_type' has ", (*s)->count, " entries for ", vocab, " tokens"));
-    }
-    for (size_t i = 0; i < vocab; ++i) types[i] = static_cast<int>(ArrayInt(**s, i));
+  if (auto s = PerTokenArray(f, "tokenizer.ggml.token_type", gguf::ValueType::kInt32, vocab,
+                             &type_array);
+      !s.ok()) {
+    return s;
+  }
+  for (size_t i = 0; scores != nullptr && i < vocab; ++i) {
+    t->scores_[i] = static_cast<float>(ArrayFloat(*scores, i));
+  }
+  for (size_t i = 0; type_array != nullptr && i < vocab; ++i) {
+    types[i] = static_cast<int>(ArrayInt(*type_array, i));
   }
   const int v = static_cast<int>(vocab);
   if (auto s = SpecialId(f, "tokenizer.ggml.bos_token_id", v, spm ? 1 : -1, &t->bos_); !s.ok())

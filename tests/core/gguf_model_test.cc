@@ -26,14 +26,6 @@ constexpr Reference kReferences[] = {
      "flower, as I"},
 };
 
-std::string ModelPathOrSkip() { return testing::SharedModelPath("aidreams260K.gguf"); }
-
-#define SKIP_WITHOUT_MODEL(path)                                                  \
-  if ((path).empty()) {                                                           \
-    GTEST_SKIP() << "aidreams260K.gguf not found in $KVGUARD_SHARED_MODELS or "   \
-                 << KVGUARD_SHARED_MODELS_DIR << " (../shared/models is absent)"; \
-  }
-
 // MatchingTokens returns how many of `tokens` (decoded one by one) keep prompt + their text a
 // prefix of `reference`.
 int MatchingTokens(const Tokenizer& tok, const std::string& prompt, const std::vector<int>& tokens,
@@ -74,10 +66,21 @@ RuntimeOptions Fp32Options(const std::string& path) {
   return o;
 }
 
-TEST(GgufModelTest, Fp32GreedyMatchesLlamaCppReference) {
-  const std::string path = ModelPathOrSkip();
-  SKIP_WITHOUT_MODEL(path);
-  const RuntimeOptions o = Fp32Options(path);
+// The fixture skips every test, saying why, when the model is not there.
+class GgufModelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    path_ = testing::SharedModelPath("aidreams260K.gguf");
+    if (path_.empty()) {
+      GTEST_SKIP() << "aidreams260K.gguf not found in $KVGUARD_SHARED_MODELS or "
+                   << KVGUARD_SHARED_MODELS_DIR << " (../shared/models is absent)";
+    }
+  }
+  std::string path_;
+};
+
+TEST_F(GgufModelTest, Fp32GreedyMatchesLlamaCppReference) {
+  const RuntimeOptions o = Fp32Options(path_);
   auto loaded = LoadModel(o);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->model->config().head_dim, 16);
@@ -94,10 +97,8 @@ TEST(GgufModelTest, Fp32GreedyMatchesLlamaCppReference) {
 
 // The positive control of the comparison above: another prompt's continuation does not match
 // the reference, so MatchingTokens can fail.
-TEST(GgufModelTest, MatchingTokensDetectsADifferentContinuation) {
-  const std::string path = ModelPathOrSkip();
-  SKIP_WITHOUT_MODEL(path);
-  const RuntimeOptions o = Fp32Options(path);
+TEST_F(GgufModelTest, MatchingTokensDetectsADifferentContinuation) {
+  const RuntimeOptions o = Fp32Options(path_);
   auto loaded = LoadModel(o);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   const std::vector<int> tokens = Greedy(*loaded, o, kReferences[1].prompt, 40);
@@ -107,10 +108,8 @@ TEST(GgufModelTest, MatchingTokensDetectsADifferentContinuation) {
 
 // The quantised configurations load and generate (their continuations and KL divergence are
 // measured by `kvguard eval`, recorded in bench/results/eval-aidreams.md).
-TEST(GgufModelTest, QuantisedConfigurationsGenerate) {
-  const std::string path = ModelPathOrSkip();
-  SKIP_WITHOUT_MODEL(path);
-  RuntimeOptions o = Fp32Options(path);
+TEST_F(GgufModelTest, QuantisedConfigurationsGenerate) {
+  RuntimeOptions o = Fp32Options(path_);
   o.weights.prefill_weights = kernels::WeightFormat::kFp8;
   o.weights.decode_weights = kernels::WeightFormat::kInt4;
   o.kv_dtype = kernels::KvDtype::kFp8E4m3;

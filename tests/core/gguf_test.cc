@@ -181,6 +181,13 @@ absl::Status Load(const std::string& bytes) {
   return src.status();
 }
 
+// ArchitectureOnly returns a file whose only key is general.architecture = `arch`.
+std::string ArchitectureOnly(const std::string& arch) {
+  GgufWriter w;
+  w.Str("general.architecture", arch);
+  return w.Build();
+}
+
 std::string SetU64At(std::string s, size_t at, uint64_t v) {
   std::memcpy(s.data() + at, &v, 8);
   return s;
@@ -254,12 +261,7 @@ TEST(GgufTest, RefusesEveryDefectWithAClearError) {
       {"Q8_0 row not whole blocks",
        [&] { return Baseline().Tensor("odd", 8, {31}, std::string(34, '\0')).Build(); },
        "tensor 'odd': rows of 31 elements are not whole Q8_0 blocks"},
-      {"another architecture",
-       [&] {
-         GgufWriter w;
-         w.Str("general.architecture", "gpt2");
-         return w.Build();
-       },
+      {"another architecture", [&] { return ArchitectureOnly("gpt2"); },
        "key 'general.architecture' is 'gpt2': kvguard loads only the Llama architecture"},
       {"missing tensor", [&] { return Baseline().Remove("blk.1.ffn_up.weight").Build(); },
        "missing tensor 'blk.1.ffn_up.weight'"},
@@ -271,12 +273,7 @@ TEST(GgufTest, RefusesEveryDefectWithAClearError) {
              .Build();
        },
        "tensor 'blk.0.ffn_down.weight' has shape [32, 64] (ne), the config needs [64, 32]"},
-      {"missing key",
-       [&] {
-         GgufWriter w;
-         w.Str("general.architecture", "llama");
-         return w.Build();
-       },
+      {"missing key", [&] { return ArchitectureOnly("llama"); },
        "missing key 'llama.embedding_length'"},
       {"bad alignment", [&] { return Baseline().U32("general.alignment", 24).Build(); },
        "key 'general.alignment' must be a u32 power of two"},

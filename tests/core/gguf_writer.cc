@@ -49,28 +49,24 @@ GgufWriter& GgufWriter::Str(const std::string& key, const std::string& value) {
   return Raw(key, uint32_t(ValueType::kString), b);
 }
 
-GgufWriter& GgufWriter::U32(const std::string& key, uint32_t value) {
+template <class T>
+GgufWriter& GgufWriter::Scalar(const std::string& key, ValueType type, T value) {
   std::string b;
   Put(&b, value);
-  return Raw(key, uint32_t(ValueType::kUint32), b);
+  return Raw(key, uint32_t(type), b);
 }
 
-GgufWriter& GgufWriter::I32(const std::string& key, int32_t value) {
-  std::string b;
-  Put(&b, value);
-  return Raw(key, uint32_t(ValueType::kInt32), b);
+GgufWriter& GgufWriter::U32(const std::string& key, uint32_t v) {
+  return Scalar(key, ValueType::kUint32, v);
 }
-
-GgufWriter& GgufWriter::U64(const std::string& key, uint64_t value) {
-  std::string b;
-  Put(&b, value);
-  return Raw(key, uint32_t(ValueType::kUint64), b);
+GgufWriter& GgufWriter::I32(const std::string& key, int32_t v) {
+  return Scalar(key, ValueType::kInt32, v);
 }
-
-GgufWriter& GgufWriter::F32(const std::string& key, float value) {
-  std::string b;
-  Put(&b, value);
-  return Raw(key, uint32_t(ValueType::kFloat32), b);
+GgufWriter& GgufWriter::U64(const std::string& key, uint64_t v) {
+  return Scalar(key, ValueType::kUint64, v);
+}
+GgufWriter& GgufWriter::F32(const std::string& key, float v) {
+  return Scalar(key, ValueType::kFloat32, v);
 }
 
 GgufWriter& GgufWriter::Bool(const std::string& key, bool value) {
@@ -85,20 +81,22 @@ GgufWriter& GgufWriter::StrArray(const std::string& key, const std::vector<std::
   return Raw(key, uint32_t(ValueType::kArray), b);
 }
 
-GgufWriter& GgufWriter::F32Array(const std::string& key, const std::vector<float>& values) {
+template <class T>
+GgufWriter& GgufWriter::Array(const std::string& key, ValueType elem,
+                              const std::vector<T>& values) {
   std::string b;
-  Put<uint32_t>(&b, uint32_t(ValueType::kFloat32));
+  Put<uint32_t>(&b, uint32_t(elem));
   Put<uint64_t>(&b, values.size());
-  for (float v : values) Put(&b, v);
+  for (const T& v : values) Put(&b, v);
   return Raw(key, uint32_t(ValueType::kArray), b);
 }
 
+GgufWriter& GgufWriter::F32Array(const std::string& key, const std::vector<float>& values) {
+  return Array(key, ValueType::kFloat32, values);
+}
+
 GgufWriter& GgufWriter::I32Array(const std::string& key, const std::vector<int32_t>& values) {
-  std::string b;
-  Put<uint32_t>(&b, uint32_t(ValueType::kInt32));
-  Put<uint64_t>(&b, values.size());
-  for (int32_t v : values) Put(&b, v);
-  return Raw(key, uint32_t(ValueType::kArray), b);
+  return Array(key, ValueType::kInt32, values);
 }
 
 GgufWriter& GgufWriter::Tensor(const std::string& name, uint32_t type,

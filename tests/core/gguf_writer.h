@@ -61,6 +61,11 @@ class GgufWriter {
     std::string data;
     std::optional<uint64_t> offset;
   };
+  template <class T>
+  GgufWriter& Scalar(const std::string& key, gguf::ValueType type, T value);
+  template <class T>
+  GgufWriter& Array(const std::string& key, gguf::ValueType elem, const std::vector<T>& values);
+
   uint32_t version_;
   uint64_t alignment_ = 32;
   std::optional<uint64_t> kv_count_, tensor_count_;
