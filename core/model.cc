@@ -28,6 +28,18 @@ absl::StatusOr<WeightFormat> ParseWeightFormat(const std::string& name) {
       absl::StrCat("unknown weight format '", name, "' (fp32, bf16, fp8, int4)"));
 }
 
+WeightFormat DecodeMatrixFormat(int cols, WeightFormat requested, int int4_group, int* group,
+                                bool* fallback) {
+  *group = int4_group;
+  *fallback = false;
+  if (requested != WeightFormat::kInt4) return requested;
+  while (*group >= 32 && cols % *group != 0) *group /= 2;
+  if (*group >= 32) return requested;
+  *group = int4_group;
+  *fallback = true;
+  return WeightFormat::kFp8;
+}
+
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const WeightSource& source,
                                                    const ModelOptions& options,
                                                    kernels::ThreadPool* /*pool*/) {
@@ -81,9 +93,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const WeightSource& source,
   std::mutex mu;
   absl::Status first_error;
   std::atomic<size_t> next{0};
-  // RunJobs quantises `values` [rows, cols] for job `job`. INT4 takes the largest group
-  // <= int4_group that divides cols; a matrix whose width no INT4 group divides (e.g.
-  // ffn_dim 172) is kept in FP8 for decode instead, and counted in int4_fallbacks_.
+  // RunJobs quantises `values` [rows, cols] for job `job` (decode format per
+  // DecodeMatrixFormat; INT4 fallbacks are counted in int4_fallbacks_).
   auto run_jobs = [&] {
     std::vector<float> w;
     for (size_t j; (j = next.fetch_add(1)) < jobs.size();) {
@@ -95,13 +106,11 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const WeightSource& source,
         if (first_error.ok()) first_error = s;
         return;
       }
-      WeightFormat f[2] = {options.prefill_weights, options.decode_weights};
       int group = int4_group;
       bool fallback = false;
-      if (f[1] == WeightFormat::kInt4) {
-        while (group >= 32 && cols % group != 0) group /= 2;
-        if (group < 32) f[1] = WeightFormat::kFp8, fallback = true;
-      }
+      const WeightFormat f[2] = {
+          options.prefill_weights,
+          DecodeMatrixFormat(cols, options.decode_weights, int4_group, &group, &fallback)};
       std::unique_ptr<QuantizedMatrix> q[2];
       for (int phase = 0; phase < 2; ++phase) {
         if (phase == 1 && f[1] == f[0]) break;

@@ -29,6 +29,15 @@ struct ModelOptions {
 // ParseWeightFormat maps "fp32" | "bf16" | "fp8" | "int4" to a format; InvalidArgument else.
 absl::StatusOr<kernels::WeightFormat> ParseWeightFormat(const std::string& name);
 
+// DecodeMatrixFormat returns the format (and INT4 group) a decode matrix of `cols` input
+// features gets when `requested` is asked for: INT4 takes the largest group <= int4_group
+// (32, 64, 128) that divides cols; a matrix whose width no INT4 group divides (e.g. ffn_dim
+// 172: ffn_down) is kept in FP8 instead (`*fallback` set). Padding K to the group would let it
+// stay INT4, but every activation vector would then need padding too, in every matmul call;
+// the fallback costs only that one matrix's bytes. Other formats are returned unchanged.
+kernels::WeightFormat DecodeMatrixFormat(int cols, kernels::WeightFormat requested, int int4_group,
+                                         int* group, bool* fallback);
+
 // The largest decode batch one step handles (the matmul kernels' batch limit).
 inline constexpr int kMaxDecodeBatch = 64;
 

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/attention.h"
 
 namespace kvguard::core {
 namespace {
@@ -26,8 +27,9 @@ absl::Status ModelConfig::Validate() const {
   if (n_heads % n_kv_heads != 0) {
     return Bad("n_kv_heads", n_kv_heads, "must divide n_heads (grouped-query attention)");
   }
-  if (head_dim < 2 || head_dim > 1024 || head_dim % 2 != 0) {
-    return Bad("head_dim", head_dim, "must be even and in [2, 1024]");
+  if (!kernels::IsSupportedHeadDim(head_dim)) {
+    return Bad("head_dim", head_dim,
+               "must be a multiple of 16 in [16, 256] (what the attention kernels take)");
   }
   if (ffn_dim < 1 || ffn_dim > 1 << 20) return Bad("ffn_dim", ffn_dim, "must be in [1, 2^20]");
   if (vocab_size < 2 || vocab_size > 1 << 22) {

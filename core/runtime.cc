@@ -8,6 +8,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/audit_log_sink.h"
+#include "core/gguf_tokenizer.h"
+#include "core/gguf_weight_source.h"
 #include "core/synthetic_model.h"
 
 namespace kvguard::core {
@@ -85,19 +87,42 @@ absl::StatusOr<size_t> KvBudgetBytes(const RuntimeOptions& o) {
 absl::StatusOr<Loaded> LoadModel(const RuntimeOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   Loaded loaded;
-  absl::StatusOr<std::unique_ptr<WeightSource>> source =
-      MakeBuiltinSource(options.model, options.seed);
-  if (!source.ok()) return source.status();
-  loaded.source = *std::move(source);
+  if (IsGgufPath(options.model)) {
+    // A GGUF file brings its own weights and tokenizer; the vocabularies must agree.
+    absl::StatusOr<std::unique_ptr<GgufWeightSource>> source =
+        GgufWeightSource::Open(options.model);
+    if (!source.ok()) return source.status();
+    absl::StatusOr<std::unique_ptr<GgufTokenizer>> tokenizer =
+        GgufTokenizer::Create((*source)->file());
+    if (!tokenizer.ok()) {
+      return absl::Status(tokenizer.status().code(),
+                          absl::StrCat(options.model, ": ", tokenizer.status().message()));
+    }
+    if ((*tokenizer)->vocab_size() != (*source)->config().vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          options.model, ": the tokenizer has ", (*tokenizer)->vocab_size(),
+          " tokens but token_embd.weight has ", (*source)->config().vocab_size, " rows"));
+    }
+    loaded.source = *std::move(source);
+    loaded.tokenizer = *std::move(tokenizer);
+  } else {
+    absl::StatusOr<std::unique_ptr<WeightSource>> source =
+        MakeBuiltinSource(options.model, options.seed);
+    if (!source.ok()) return source.status();
+    loaded.source = *std::move(source);
+    absl::StatusOr<std::unique_ptr<ByteTokenizer>> tokenizer =
+        ByteTokenizer::Create(loaded.source->config().vocab_size);
+    if (!tokenizer.ok()) return tokenizer.status();
+    loaded.tokenizer = *std::move(tokenizer);
+  }
   kernels::ThreadPool pool(2);
   absl::StatusOr<std::unique_ptr<Model>> model =
       Model::Load(*loaded.source, options.weights, &pool);
-  if (!model.ok()) return model.status();
+  if (!model.ok()) {
+    return absl::Status(model.status().code(),
+                        absl::StrCat(options.model, ": ", model.status().message()));
+  }
   loaded.model = *std::move(model);
-  absl::StatusOr<std::unique_ptr<ByteTokenizer>> tokenizer =
-      ByteTokenizer::Create(loaded.model->config().vocab_size);
-  if (!tokenizer.ok()) return tokenizer.status();
-  loaded.tokenizer = *std::move(tokenizer);
   std::vector<std::vector<int>> prompts;
   for (const std::string& p : CalibrationPrompts()) {
     prompts.push_back(loaded.tokenizer->Encode(p, /*add_bos=*/true));

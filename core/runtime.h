@@ -20,7 +20,7 @@
 namespace kvguard::core {
 
 struct RuntimeOptions {
-  std::string model = "small";  // a built-in name (tiny, small, medium)
+  std::string model = "small";  // a built-in name (tiny, small, medium) or a path ending .gguf
   uint64_t seed = 1;            // synthetic weights' seed
   ModelOptions weights;
   kernels::KvDtype kv_dtype = kernels::KvDtype::kFp8E4m3;
@@ -53,7 +53,9 @@ struct Loaded {
 };
 
 // LoadModel loads `options.model` with `options.weights` and calibrates FP8 KV scales over
-// CalibrationPrompts(). Errors name the model and what failed.
+// CalibrationPrompts(). A model ending in ".gguf" is a GGUF file (memory-mapped; its weights
+// converted to the engine's formats, its own tokenizer); any other name is a built-in model
+// with the byte tokenizer. Errors name the model and what failed.
 absl::StatusOr<Loaded> LoadModel(const RuntimeOptions& options);
 
 // MakeEngine builds a KV pool per `options` (kv_dtype, page_size, budget, tag keys) for

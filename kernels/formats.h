@@ -241,7 +241,7 @@ struct PagedKvView {
   KvDtype dtype = KvDtype::kFp32;
   int page_size = 16;  // P, tokens per page
   int num_kv_heads = 0;
-  int head_dim = 0;                // 64 or 128
+  int head_dim = 0;                // IsSupportedHeadDim (attention.h): 16..256, multiple of 16
   const void* k = nullptr;         // [num_pages, num_kv_heads, head_dim, P] with the strides below
   const void* v = nullptr;         // [num_pages, num_kv_heads, P, head_dim] with the strides below
   int64_t page_stride = 0;         // elements between consecutive physical pages

@@ -18,6 +18,7 @@ int RunBenchIsolation(const std::vector<std::string>& args);
 int RunKeys(const std::vector<std::string>& args);
 int RunAudit(const std::vector<std::string>& args);
 int RunEval(const std::vector<std::string>& args);
+int RunModel(const std::vector<std::string>& args);
 
 // BuildDescription returns the multi-line text `kvguard version` prints (also written into
 // benchmark result files, so a figure always says what produced it).

@@ -6,7 +6,8 @@
 namespace kvguard::tools {
 
 const char kEngineFlagsHelp[] =
-    "  --model NAME                 built-in model: tiny, small (default), medium\n"
+    "  --model NAME|PATH.gguf       built-in model: tiny, small (default), medium; or a\n"
+    "                               Llama GGUF file (F32/F16/BF16/Q8_0/Q4_0 tensors)\n"
     "  --model-seed N               seed of the synthetic weights (default 1)\n"
     "  --prefill-weights FMT        fp8 (default), bf16, fp32\n"
     "  --decode-weights FMT         int4 (default), fp8, bf16, fp32\n"

@@ -17,8 +17,9 @@ struct Command {
 
 constexpr Command kCommands[] = {
     {"version", "print the build: compiler, SIMD targets (compiled, selected), CUDA", RunVersion},
-    {"generate", "generate text from a prompt on a built-in model (see --help)", RunGenerate},
+    {"generate", "generate text from a prompt (built-in model or --model PATH.gguf)", RunGenerate},
     {"eval", "KL divergence / top-1 agreement of quantised configs vs FP32", RunEval},
+    {"model", "inspect a GGUF model file: shapes, types, tokenizer, bytes per format", RunModel},
     {"bench", "the serving benchmark (--help); `kvguard bench kernels` for the kernels", RunBench},
     {"keys", "list, rotate or retire page-tag keys in a key file (ids, fingerprints)", RunKeys},
     {"audit", "verify, query, export and prove records of an audit log (--help)", RunAudit},

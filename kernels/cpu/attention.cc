@@ -174,8 +174,8 @@ namespace {
 namespace hn = hwy::HWY_NAMESPACE;
 using attention_internal::Task;
 
-// At most 16 lanes, so that head_dim (64 or 128) is a multiple of the lane count times the (up
-// to 4) column chunks AccumulateV handles per pass, on every target.
+// At most 16 lanes, so that every supported head_dim (a multiple of 16) is a multiple of the
+// lane count on every target.
 using DF = hn::CappedTag<float, 16>;
 using VF = hn::Vec<DF>;
 
@@ -187,7 +187,8 @@ constexpr int kMaxTile = 8;
 // V bytes of one block (per kv head): small enough that the block's V rows stay in L1 while
 // AccumulateV walks them once per column chunk.
 constexpr size_t kBlockVBytes = 16 << 10;
-// Pages in a block at most: one-token pages of the narrowest rows (FP8, head_dim 64).
+// Pages in a block at most: one-token pages of FP8 rows of head_dim 64 (narrower heads are
+// clamped to it: their blocks hold fewer bytes, which costs nothing measurable).
 constexpr int kMaxBlockPages = static_cast<int>(kBlockVBytes / 64);
 
 // How far ahead (K and V bytes of one kv head) PrefetchPage runs. Measured on Zen 4 (FP8, BF16,
@@ -250,23 +251,19 @@ HWY_NOINLINE void ScoresTile(const float* HWY_RESTRICT qs, int dim, const T* HWY
   }
 }
 
-// AccumulateV rescales acc[h, 0..dim) by alpha[h] and adds sum_t probs[h * prob_stride + t] *
-// V_t for the GT heads of a tile, where the block's valid V rows are counts[i] rows of dim
-// elements at pages[i], token t numbered across the pages in order. Several column chunks per
-// pass keep enough independent FMA chains in flight.
-template <class T, int GT>
-HWY_NOINLINE void AccumulateV(const float* HWY_RESTRICT probs, size_t prob_stride,
-                              const float* HWY_RESTRICT alpha, const T* const* pages,
-                              const int* counts, int num_pages, int dim, float* HWY_RESTRICT acc) {
+// AccumulateVChunks rescales acc[h, c_begin..c_end) by alpha[h] and adds
+// sum_t probs[h * prob_stride + t] * V_t[c_begin..c_end) for the GT heads of a tile, where the
+// block's valid V rows are counts[i] rows of dim elements at pages[i], token t numbered across
+// the pages in order. kChunks vectors of columns per pass keep enough independent FMA chains in
+// flight; c_end - c_begin must be a multiple of kChunks * Lanes.
+template <class T, int GT, int kChunks>
+HWY_INLINE void AccumulateVChunks(const float* HWY_RESTRICT probs, size_t prob_stride,
+                                  const float* HWY_RESTRICT alpha, const T* const* pages,
+                                  const int* counts, int num_pages, int dim, size_t c_begin,
+                                  size_t c_end, float* HWY_RESTRICT acc) {
   const DF df;
   const size_t lanes = hn::Lanes(df);
-  // With 32 vector registers (AVX-512), more chunks per token amortise the GT broadcasts of the
-  // probabilities over more FMAs (measured: ~10% on FP8, G=4); with 16, they would spill.
-  constexpr int kChunks = HWY_TARGET <= HWY_AVX3 ? (GT >= 8 ? 2 : 4)
-                                                 : (GT >= 8   ? 1
-                                                    : GT >= 4 ? 2
-                                                              : 4);
-  for (size_t c = 0; c < static_cast<size_t>(dim); c += kChunks * lanes) {
+  for (size_t c = c_begin; c < c_end; c += kChunks * lanes) {
     VF a[kChunks][GT];
     HWY_UNROLL(8)
     for (int h = 0; h < GT; ++h) {
@@ -295,6 +292,29 @@ HWY_NOINLINE void AccumulateV(const float* HWY_RESTRICT probs, size_t prob_strid
       HWY_UNROLL(4)
       for (int j = 0; j < kChunks; ++j) hn::StoreU(a[j][h], df, acc + h * dim + c + j * lanes);
     }
+  }
+}
+
+// AccumulateV runs AccumulateVChunks over all dim columns: the widest chunking over the columns
+// it divides, then one vector at a time over the rest (head_dim 16..48 on wide targets; head
+// dims 64 and 128 never reach the tail, so their loop is what it always was).
+template <class T, int GT>
+HWY_NOINLINE void AccumulateV(const float* HWY_RESTRICT probs, size_t prob_stride,
+                              const float* HWY_RESTRICT alpha, const T* const* pages,
+                              const int* counts, int num_pages, int dim, float* HWY_RESTRICT acc) {
+  const size_t lanes = hn::Lanes(DF());
+  // With 32 vector registers (AVX-512), more chunks per token amortise the GT broadcasts of the
+  // probabilities over more FMAs (measured: ~10% on FP8, G=4); with 16, they would spill.
+  constexpr int kChunks = HWY_TARGET <= HWY_AVX3 ? (GT >= 8 ? 2 : 4)
+                                                 : (GT >= 8   ? 1
+                                                    : GT >= 4 ? 2
+                                                              : 4);
+  const size_t wide = static_cast<size_t>(dim) / (kChunks * lanes) * (kChunks * lanes);
+  AccumulateVChunks<T, GT, kChunks>(probs, prob_stride, alpha, pages, counts, num_pages, dim, 0,
+                                    wide, acc);
+  if (wide < static_cast<size_t>(dim)) {
+    AccumulateVChunks<T, GT, 1>(probs, prob_stride, alpha, pages, counts, num_pages, dim, wide,
+                                static_cast<size_t>(dim), acc);
   }
 }
 
@@ -621,7 +641,8 @@ void PagedDecodeAttention(const PagedKvView& kv, int num_heads, float softmax_sc
   ABSL_RAW_CHECK(kv.num_kv_heads > 0 && num_heads > 0, "attention: no heads");
   ABSL_RAW_CHECK(num_heads % kv.num_kv_heads == 0,
                  "attention: num_heads must be a multiple of num_kv_heads");
-  ABSL_RAW_CHECK(kv.head_dim == 64 || kv.head_dim == 128, "attention: head_dim must be 64 or 128");
+  ABSL_RAW_CHECK(IsSupportedHeadDim(kv.head_dim),
+                 "attention: head_dim must be a multiple of 16 in [16, 256]");
   ABSL_RAW_CHECK(kv.page_size >= 1, "attention: page_size must be >= 1");
   ABSL_RAW_CHECK(kv.k != nullptr && kv.v != nullptr, "attention: null K or V");
   ABSL_RAW_CHECK(kv.head_stride >= int64_t{kv.page_size} * kv.head_dim,

@@ -74,7 +74,8 @@ void PagedDecodeAttention(const PagedKvView& kv, int num_heads, float softmax_sc
   ABSL_RAW_CHECK(kv.num_kv_heads > 0 && num_heads > 0, "attention: no heads");
   ABSL_RAW_CHECK(num_heads % kv.num_kv_heads == 0,
                  "attention: num_heads must be a multiple of num_kv_heads");
-  ABSL_RAW_CHECK(kv.head_dim == 64 || kv.head_dim == 128, "attention: head_dim must be 64 or 128");
+  ABSL_RAW_CHECK(IsSupportedHeadDim(kv.head_dim),
+                 "attention: head_dim must be a multiple of 16 in [16, 256]");
   ABSL_RAW_CHECK(kv.page_size >= 1, "attention: page_size must be >= 1");
   ABSL_RAW_CHECK(kv.dtype != KvDtype::kFp8E4m3 || (kv.k_scale != nullptr && kv.v_scale != nullptr),
                  "attention: FP8 KV needs k_scale and v_scale");

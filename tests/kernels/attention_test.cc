@@ -466,10 +466,12 @@ double CheckCase(const CaseSpec& spec) {
 }
 
 // Page sizes 1, 8, 16, 32 (narrower than, equal to and wider than a vector) with lengths 1,
-// P-1, P, P+1 and longer, all in one call, both head dims, all dtypes.
+// P-1, P, P+1 and longer, all in one call, every head dim (16 and 32: one vector or a few per
+// row, through AccumulateV's one-vector tail; 48: the wide pass and the tail; 64 and 128: the
+// tuned paths), all dtypes.
 TEST(PagedAttentionTest, PageSizesAndPartialPages) {
   for (KvDtype dtype : kAllDtypes) {
-    for (int dim : {64, 128}) {
+    for (int dim : {16, 32, 48, 64, 128}) {
       for (int page : {1, 8, 16, 32}) {
         CaseSpec spec;
         spec.dtype = dtype;
@@ -491,7 +493,7 @@ TEST(PagedAttentionTest, GqaRatios) {
       spec.dtype = dtype;
       spec.group = group;
       spec.num_kv_heads = group >= 8 ? 2 : 3;
-      spec.head_dim = group == 2 ? 64 : 128;
+      spec.head_dim = group == 2 ? 64 : group == 3 ? 16 : 128;
       spec.lengths = {17, 1, 33};
       spec.head_pad = 7;
       spec.seed = static_cast<uint64_t>(group);
@@ -744,8 +746,10 @@ TEST(PagedAttentionDeathTest, RejectsBadShapes) {
     const auto ok = c.Run(fn, &one);
     EXPECT_TRUE(std::isfinite(ok[0][0]));
     PagedKvView bad_dim = c.View();
-    bad_dim.head_dim = 96;
-    EXPECT_DEATH(c.Run(fn, &one, &bad_dim), "head_dim must be 64 or 128");
+    bad_dim.head_dim = 24;  // even, but not whole vectors
+    EXPECT_DEATH(c.Run(fn, &one, &bad_dim), "head_dim must be a multiple of 16");
+    bad_dim.head_dim = 272;  // beyond the largest supported
+    EXPECT_DEATH(c.Run(fn, &one, &bad_dim), "head_dim must be a multiple of 16");
     EXPECT_DEATH(c.Run(fn, &one, nullptr, spec.num_heads() + 1),
                  "num_heads must be a multiple of num_kv_heads");
   }

@@ -284,7 +284,7 @@ std::vector<BackendCase> Cases() {
   const std::pair<const char*, KvDtype> dtypes[] = {
       {"fp32", KvDtype::kFp32}, {"bf16", KvDtype::kBf16}, {"fp8", KvDtype::kFp8E4m3}};
   for (const auto& [name, dtype] : dtypes) {
-    for (int head_dim : {64, 128}) {
+    for (int head_dim : {16, 32, 64, 128}) {
       cases.push_back({std::string("attention_") + name + "_d" + std::to_string(head_dim),
                        "kAttention", [d = dtype, head_dim] { return AttentionCase(d, head_dim); }});
     }
