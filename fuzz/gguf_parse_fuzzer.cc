@@ -8,6 +8,7 @@
 // fixed text.
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <span>
@@ -24,7 +25,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::StatusOr<std::unique_ptr<gguf::File>> file = gguf::File::Parse({data, size});
   if (!file.ok()) return 0;
   for (const gguf::TensorInfo& t : (*file)->tensors()) {
-    if (t.data < data || t.bytes > size || t.data + t.bytes > data + size) std::abort();
+    if (t.data < data || t.bytes > size || t.data + t.bytes > data + size) {
+      std::fprintf(stderr, "==kvguard-fuzz== ORACLE gguf-bounds: a tensor lies outside the file\n");
+      std::abort();
+    }
   }
   std::shared_ptr<const gguf::File> shared(*std::move(file));
   absl::StatusOr<std::unique_ptr<GgufTokenizer>> tok = GgufTokenizer::Create(*shared);
