@@ -56,8 +56,10 @@ fuzz-build: setup
 	scripts/fuzz-campaign build
 
 fuzz-smoke: fuzz-build
-	scripts/fuzz-campaign run --seconds $(FUZZ_SECONDS) --out build/fuzz-smoke
-	scripts/fuzz-campaign planted --seeds 1 --budget 60 --check --out build/fuzz-smoke
+	scripts/fuzz-campaign run --seconds $(FUZZ_SECONDS) --parallel $(JOBS) --no-merge \
+	  --out build/fuzz-smoke
+	scripts/fuzz-campaign planted --seeds 1 --budget 60 --parallel $(JOBS) --no-real --check \
+	  --out build/fuzz-smoke
 
 # The recorded benchmark runs (bench/results/): kernels, the serving experiment, quality.
 bench: build

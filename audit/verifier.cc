@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -43,7 +44,14 @@ absl::Status ForEachBlock(
   unterminated->clear();
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoError(errno, "cannot open", path);
-  std::string buf(size_t{4} << 20, '\0');
+  // 4 MiB blocks, or less for a smaller file (a fresh log is a few KiB: no point zeroing
+  // megabytes); the buffer still doubles for a line longer than it.
+  struct stat st;
+  size_t block = size_t{4} << 20;
+  if (fstat(fd, &st) == 0 && st.st_size >= 0) {
+    block = std::clamp<size_t>(static_cast<size_t>(st.st_size) + 1, 4096, block);
+  }
+  std::string buf(block, '\0');
   std::vector<std::string_view> lines;
   size_t have = 0;  // bytes in buf: an incomplete line carried over, then new data
   uint64_t number = 1;

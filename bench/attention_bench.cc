@@ -121,19 +121,7 @@ struct Step {
     const size_t tile = std::min(count, (size_t{1} << 20) / esize);
     for (size_t i = 0; i < tile; ++i) {
       const float x = 2.0f * Uniform(Mix(i * 4 + seed));
-      switch (dtype) {
-        case KvDtype::kFp32:
-          std::memcpy(p + i * 4, &x, 4);
-          break;
-        case KvDtype::kBf16: {
-          const uint16_t b = kernels::Bf16FromFloat(x);
-          std::memcpy(p + i * 2, &b, 2);
-          break;
-        }
-        case KvDtype::kFp8E4m3:
-          p[i] = kernels::Fp8E4m3FromFloat(x / (2.0f / kernels::kFp8E4m3Max));
-          break;
-      }
+      kernels::StoreKvElement(dtype, x, 2.0f / kernels::kFp8E4m3Max, p, i);
     }
     for (size_t i = tile; i < count; i += tile) {
       std::memcpy(p + i * esize, p, std::min(tile, count - i) * esize);

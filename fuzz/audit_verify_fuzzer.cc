@@ -21,8 +21,11 @@ namespace {
 
 const std::string& Dir() {
   static const std::string dir = [] {
+    // Memory-backed when possible: every input rewrites the files, and on a disk file system
+    // the truncates alone cost milliseconds.
     const char* tmp = std::getenv("TMPDIR");
-    std::string templ = std::string(tmp != nullptr ? tmp : "/tmp") + "/kvguard-fuzz-audit-XXXXXX";
+    std::string base = tmp != nullptr ? tmp : access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+    std::string templ = base + "/kvguard-fuzz-audit-XXXXXX";
     if (mkdtemp(templ.data()) == nullptr) std::abort();
     return templ;
   }();

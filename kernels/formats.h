@@ -215,6 +215,45 @@ inline constexpr size_t KvDtypeBytes(KvDtype t) {
   return t == KvDtype::kFp32 ? 4 : t == KvDtype::kBf16 ? 2 : 1;
 }
 
+// StoreKvElement writes `x` as element `i` of a K or V buffer of `dtype`: FP32 as is, BF16
+// rounded, FP8 as stored = sat(rne(x / scale)) (`scale` is used by FP8 only). LoadKvElement
+// reads element `i` back as the value the kernels see (FP8: stored * scale). Host only; for
+// code that fills pages element by element (tests, benchmarks, fuzz targets).
+inline void StoreKvElement(KvDtype dtype, float x, float scale, void* buf, size_t i) {
+  uint8_t* b = static_cast<uint8_t*>(buf);
+  switch (dtype) {
+    case KvDtype::kFp32:
+      std::memcpy(b + i * 4, &x, 4);
+      break;
+    case KvDtype::kBf16: {
+      const uint16_t h = Bf16FromFloat(x);
+      std::memcpy(b + i * 2, &h, 2);
+      break;
+    }
+    case KvDtype::kFp8E4m3:
+      b[i] = Fp8E4m3FromFloat(x / scale);
+      break;
+  }
+}
+inline float LoadKvElement(KvDtype dtype, const void* buf, size_t i, float scale) {
+  const uint8_t* b = static_cast<const uint8_t*>(buf);
+  switch (dtype) {
+    case KvDtype::kFp32: {
+      float x;
+      std::memcpy(&x, b + i * 4, 4);
+      return x;
+    }
+    case KvDtype::kBf16: {
+      uint16_t h;
+      std::memcpy(&h, b + i * 2, 2);
+      return Bf16ToFloat(h);
+    }
+    case KvDtype::kFp8E4m3:
+      return Fp8E4m3ToFloat(b[i]) * scale;
+  }
+  return 0.0f;
+}
+
 // ------------------------------------------------------------------------------------------
 // Page tags (the page-tag record): isolation/ derives them (keyed MAC over key id, page,
 // generation, tenant, session) and keeps the current tag of every physical page in one

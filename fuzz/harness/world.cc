@@ -21,10 +21,16 @@ using isolation::Violation;
 using isolation::ViolationKind;
 using kernels::PageTag;
 
+// KVG_TRACE records one line of the action trace, formatted only when it is printed
+// (KVGUARD_FUZZ_TRACE=1): fuzzing speed comes first, and a crash replays exactly with it on.
+#define KVG_TRACE(...)                         \
+  do {                                         \
+    if (echo_) Log(absl::StrCat(__VA_ARGS__)); \
+  } while (0)
+
 namespace {
 
 constexpr int kHeadDim = 64;
-constexpr size_t kTraceLines = 256;
 const char* const kTenantNames[] = {"alpha", "bravo", "charlie"};
 constexpr Mode kTenantModes[] = {Mode::kEnforce, Mode::kStrict, Mode::kOff};
 constexpr int kQuarantineAfter = 3;
@@ -174,16 +180,15 @@ int World::num_pages_of(int r) const {
   return q == nullptr || !q->pages ? 0 : q->pages->num_pages();
 }
 
-void World::Log(std::string line) {
-  if (echo_) std::fprintf(stderr, "  %s\n", line.c_str());
-  trace_.push_back(std::move(line));
-  if (trace_.size() > kTraceLines) trace_.pop_front();
-}
+void World::Log(const std::string& line) { std::fprintf(stderr, "  %s\n", line.c_str()); }
 
 void World::Fail(const char* oracle, const std::string& detail) const {
   std::fprintf(stderr, "==kvguard-fuzz== ORACLE %s: %s\n", oracle, detail.c_str());
-  std::fprintf(stderr, "==kvguard-fuzz== last %zu actions:\n", trace_.size());
-  for (const std::string& line : trace_) std::fprintf(stderr, "  %s\n", line.c_str());
+  if (!echo_) {
+    std::fprintf(stderr,
+                 "==kvguard-fuzz== the actions that led here: run this input again "
+                 "with KVGUARD_FUZZ_TRACE=1 (scripts/fuzz-campaign reproduce)\n");
+  }
   std::fflush(stderr);
   std::abort();
 }
@@ -198,7 +203,7 @@ void World::OnGranted(Request& q, size_t first) {
       Fail("grant-while-readable", absl::StrCat("granted page ", g.page, " is outside the pool"));
     }
     ShadowPage& sp = shadow_[size_t(g.page)];
-    Log(absl::StrCat("  granted ", G(g), " to r", q.index));
+    KVG_TRACE("  granted ", G(g), " to r", q.index);
     if (sp.state == ShadowPage::State::kOwned || sp.state == ShadowPage::State::kQuarantined) {
       Fail("grant-while-readable",
            absl::StrCat("page ", g.page, " granted to session ", q.owner.session, " while session ",
@@ -296,25 +301,11 @@ void World::ShadowQuarantine(const Request& q) {
 }
 
 void World::CheckInvariants() {
-  if (absl::Status s = pool_->table().CheckAccounting(); !s.ok()) {
-    Fail("accounting", std::string(s.message()));
-  }
-  static constexpr const char* kStateNames[] = {"free", "owned", "limbo", "quarantined"};
-  for (int p = 0; p < options_.num_pages; ++p) {
-    const isolation::PageState real = pool_->table().state(p);
-    const ShadowPage::State want = shadow_[size_t(p)].state;
-    if (static_cast<int>(real) == static_cast<int>(want)) continue;
-    if (want == ShadowPage::State::kLimbo && real == isolation::PageState::kFree) {
-      Fail("freed-while-readable",
-           absl::StrCat(
-               "page ", p, " is free again while ",
-               shadow_[size_t(p)].copies > 0 ? "a copy" : "a step pinned before its release",
-               " may still read it"));
-    }
-    Fail("accounting",
-         absl::StrCat("page ", p, " is ", kStateNames[static_cast<int>(real)], " in the table, ",
-                      kStateNames[static_cast<int>(want)], " in the shadow"));
-  }
+  // Cheap first: the table's counts against the shadow's, every call. The page-by-page
+  // comparison (which names the page and the oracle) runs when they differ and on every 4th
+  // call; the table's own accounting check, which walks every list, on every 8th. Finish runs
+  // both once more at the end.
+  ++checks_;
   int free = 0, limbo = 0, used = 0;
   for (const ShadowPage& sp : shadow_) {
     free += sp.state == ShadowPage::State::kFree;
@@ -322,9 +313,32 @@ void World::CheckInvariants() {
     used += sp.state == ShadowPage::State::kOwned || sp.state == ShadowPage::State::kQuarantined;
   }
   const isolation::OwnershipTable& t = pool_->table();
-  if (t.free_pages() != free || t.limbo_pages() != limbo || t.used_pages() != used) {
+  const bool counts_differ =
+      t.free_pages() != free || t.limbo_pages() != limbo || t.used_pages() != used;
+  if (counts_differ || checks_ % 4 == 0) {
+    static constexpr const char* kStateNames[] = {"free", "owned", "limbo", "quarantined"};
+    for (int p = 0; p < options_.num_pages; ++p) {
+      const isolation::PageState real = t.state(p);
+      const ShadowPage::State want = shadow_[size_t(p)].state;
+      if (static_cast<int>(real) == static_cast<int>(want)) continue;
+      if (want == ShadowPage::State::kLimbo && real == isolation::PageState::kFree) {
+        Fail("freed-while-readable",
+             absl::StrCat(
+                 "page ", p, " is free again while ",
+                 shadow_[size_t(p)].copies > 0 ? "a copy" : "a step pinned before its release",
+                 " may still read it"));
+      }
+      Fail("accounting",
+           absl::StrCat("page ", p, " is ", kStateNames[static_cast<int>(real)], " in the table, ",
+                        kStateNames[static_cast<int>(want)], " in the shadow"));
+    }
+  }
+  if (counts_differ) {
     Fail("accounting", absl::StrCat("table free/limbo/used ", t.free_pages(), "/", t.limbo_pages(),
                                     "/", t.used_pages(), ", shadow ", free, "/", limbo, "/", used));
+  }
+  if (checks_ % 8 == 0) {
+    if (absl::Status s = t.CheckAccounting(); !s.ok()) Fail("accounting", std::string(s.message()));
   }
 }
 
@@ -345,7 +359,7 @@ bool World::ScrubOnRelease(Request& q) {
 }
 
 void World::Violated(Request& q, const Violation& v) {
-  Log(absl::StrCat("  r", q.index, " violation ", isolation::ViolationKindName(v.kind)));
+  KVG_TRACE("  r", q.index, " violation ", isolation::ViolationKindName(v.kind));
   const bool expected_quarantine =
       (v.kind == ViolationKind::kTenantQuarantined && tenants_[size_t(q.tenant)].quarantined) ||
       (v.kind == ViolationKind::kSessionQuarantined && q.quarantined);
@@ -411,7 +425,7 @@ void World::Complete(Request& q) {
   if (!q.waiting) ReleaseAll(q);
   q.waiting = true;
   q.phase = Phase::kDone;
-  Log(absl::StrCat("  r", q.index, " done"));
+  KVG_TRACE("  r", q.index, " done");
 }
 
 void World::BeginStep(Request& q) {
@@ -437,9 +451,8 @@ void World::BeginStep(Request& q) {
   } else if (q.step_mode != Mode::kOff) {
     want = ShadowVerify(q);
   }
-  Log(absl::StrCat("r", q.index, " pin+verify (", isolation::ModeName(q.step_mode), ", ",
-                   presented.size(),
-                   " pages): ", v ? isolation::ViolationKindName(v->kind) : "ok"));
+  KVG_TRACE("r", q.index, " pin+verify (", isolation::ModeName(q.step_mode), ", ", presented.size(),
+            " pages): ", v ? isolation::ViolationKindName(v->kind) : "ok");
   if (v && !want) {
     Fail("legit-read-rejected", absl::StrCat("verification refused request ", q.index, ": ",
                                              isolation::DescribeViolation(*v)));
@@ -462,22 +475,18 @@ kernels::DecodeQuery OnePageQuery(const PageGrant& g, int tokens) {
 }
 }  // namespace
 
-void World::KernelCheckAndRead(Request& q, int page_index) {
-  const std::vector<PageGrant> presented = Presented(q);
-  const PageGrant g = presented[size_t(page_index)];
-  const int P = options_.page_size;
-  const int tokens = std::min(P, q.pages->kv_len() + 1 - page_index * P);
-  const kernels::PagedKvView view = pool_->LayerView(0);
-  const bool pass = kernels::FirstTagFault(view, OnePageQuery(g, tokens)) < 0;
+bool World::KernelCheck(Request& q, const PageGrant& g, int page_index, int tokens,
+                        const char* access) {
+  const bool pass = kernels::FirstTagFault(pool_->LayerView(0), OnePageQuery(g, tokens)) < 0;
   const bool want = ShadowKernelCheck(q, page_index);
-  Log(absl::StrCat("r", q.index, " read ", G(g), ": ", pass ? "ok" : "kernel tag mismatch"));
+  KVG_TRACE("r", q.index, " ", access, " ", G(g), ": ", pass ? "ok" : "tag mismatch");
   if (pass && !want) {
-    Fail("access-let-through", absl::StrCat("the kernel check let request ", q.index, " read ",
-                                            G(g), ", which is not its current page"));
+    Fail("access-let-through", absl::StrCat("the kernel check let request ", q.index, " ", access,
+                                            " ", G(g), ", not its current page"));
   }
   if (!pass && want) {
-    Fail("legit-read-rejected",
-         absl::StrCat("the kernel check refused request ", q.index, "'s own ", G(g)));
+    Fail("legit-read-rejected", absl::StrCat("the kernel check refused request ", q.index, "'s ",
+                                             access, " of its own ", G(g)));
   }
   if (!pass) {
     Violation v;
@@ -487,8 +496,16 @@ void World::KernelCheckAndRead(Request& q, int page_index) {
     v.page_index = page_index;
     v.expected_generation = g.generation;
     Abort(q, v);
-    return;
   }
+  return pass;
+}
+
+void World::KernelCheckAndRead(Request& q, int page_index) {
+  const PageGrant g = Presented(q)[size_t(page_index)];
+  const int P = options_.page_size;
+  const int tokens = std::min(P, q.pages->kv_len() + 1 - page_index * P);
+  if (!KernelCheck(q, g, page_index, tokens, "read")) return;
+  const kernels::PagedKvView view = pool_->LayerView(0);
   const float* k = static_cast<const float*>(view.k) + g.page * view.page_stride;
   const float* vv = static_cast<const float*>(view.v) + g.page * view.page_stride;
   for (int s = 0; s < tokens; ++s) {
@@ -506,30 +523,8 @@ void World::KernelCheckAndRead(Request& q, int page_index) {
 void World::KernelCheckAndWrite(Request& q, int position) {
   const int P = options_.page_size;
   const int page_index = position / P;
-  const std::vector<PageGrant> presented = Presented(q);
-  const PageGrant g = presented[size_t(page_index)];
-  const bool pass =
-      kernels::FirstTagFault(pool_->LayerView(0), OnePageQuery(g, position % P + 1)) < 0;
-  const bool want = ShadowKernelCheck(q, page_index);
-  if (pass && !want) {
-    Fail("access-let-through", absl::StrCat("the kernel check let request ", q.index,
-                                            " write into ", G(g), ", not its current page"));
-  }
-  if (!pass && want) {
-    Fail("legit-read-rejected",
-         absl::StrCat("the kernel check refused request ", q.index, "'s write into its ", G(g)));
-  }
-  if (!pass) {
-    Log(absl::StrCat("r", q.index, " write pos ", position, " into ", G(g), ": tag mismatch"));
-    Violation v;
-    v.kind = ViolationKind::kKernelTagMismatch;
-    v.requester = q.owner;
-    v.page = g.page;
-    v.page_index = page_index;
-    v.expected_generation = g.generation;
-    Abort(q, v);
-    return;
-  }
+  const PageGrant g = Presented(q)[size_t(page_index)];
+  if (!KernelCheck(q, g, page_index, position % P + 1, "write into")) return;
   float k[kHeadDim] = {}, v[kHeadDim] = {};
   k[0] = v[0] = float(q.owner.session);
   k[1] = v[1] = float(position + 1);
@@ -557,8 +552,7 @@ void World::EndStep(Request& q, bool prefill) {
   q.pinned = false;
   pins_.erase(std::find(pins_.begin(), pins_.end(), q.ticket));
   ShadowReclaim();
-  Log(absl::StrCat("r", q.index,
-                   " end step + unpin: ", v ? isolation::ViolationKindName(v->kind) : "ok"));
+  KVG_TRACE("r", q.index, " end step + unpin: ", v ? isolation::ViolationKindName(v->kind) : "ok");
   if (v) {
     Abort(q, *v);
     return;
@@ -595,12 +589,12 @@ void World::EndStep(Request& q, bool prefill) {
       Report(q, r);
     }
     if (!handed) {
-      Log(absl::StrCat("r", q.index, " cancelled at handover"));
+      KVG_TRACE("r", q.index, " cancelled at handover");
       q.waiting = true;
       q.phase = Phase::kDone;
       return;
     }
-    Log(absl::StrCat("r", q.index, " handed over after cancel"));
+    KVG_TRACE("r", q.index, " handed over after cancel");
   }
   q.pages->set_kv_len(q.tokens);
   q.phase = Phase::kDecodeGrow;
@@ -627,8 +621,8 @@ bool World::Open(int tenant, int prompt, int gen) {
   q->pages->set_faults(planted_session_);
   q->tokens = std::max(1, prompt);
   q->target = q->tokens + std::max(1, gen);
-  Log(absl::StrCat("open r", q->index, " tenant ", kTenantNames[tenant], " prompt ", q->tokens,
-                   " target ", q->target));
+  KVG_TRACE("open r", q->index, " tenant ", kTenantNames[tenant], " prompt ", q->tokens, " target ",
+            q->target);
   requests_.push_back(std::move(q));
   return true;
 }
@@ -639,14 +633,14 @@ bool World::Advance(int r) {
   const int P = options_.page_size;
   if (q->waiting) {
     if (q->cancelled) {
-      Log(absl::StrCat("r", r, " cancelled while waiting"));
+      KVG_TRACE("r", r, " cancelled while waiting");
       q->phase = Phase::kDone;
       return true;
     }
     const isolation::Mode mode = guard_->mode(q->owner.tenant);
     const absl::Status s = q->pages->GrantFor(q->tokens);
-    Log(absl::StrCat("r", r, " admit: grant ", q->pages->PagesFor(q->tokens),
-                     " pages: ", s.ok() ? "ok" : std::string(s.message())));
+    KVG_TRACE("r", r, " admit: grant ", q->pages->PagesFor(q->tokens),
+              " pages: ", s.ok() ? "ok" : std::string(s.message()));
     if (!s.ok()) {
       if (!absl::IsResourceExhausted(s)) Fail("grant", std::string(s.message()));
       return false;
@@ -670,7 +664,7 @@ bool World::Advance(int r) {
       for (int pos = q->cursor * P; pos < end && q->phase != Phase::kDone; ++pos) {
         KernelCheckAndWrite(*q, pos);
       }
-      Log(absl::StrCat("r", r, " prefill wrote page ", q->cursor));
+      KVG_TRACE("r", r, " prefill wrote page ", q->cursor);
       if (q->phase == Phase::kDone) return true;
       if (++q->cursor >= q->pages->PagesFor(q->tokens)) q->phase = Phase::kPrefillFinish;
       return true;
@@ -680,7 +674,7 @@ bool World::Advance(int r) {
       return true;
     case Phase::kDecodeGrow: {
       if (q->cancelled || q->pages->kv_len() >= q->target) {
-        Log(absl::StrCat("r", r, q->cancelled ? " leaves cancelled" : " finished"));
+        KVG_TRACE("r", r, q->cancelled ? " leaves cancelled" : " finished");
         Complete(*q);
         return true;
       }
@@ -688,7 +682,7 @@ bool World::Advance(int r) {
       const absl::Status s = q->pages->GrowForNextToken();
       if (!s.ok()) {
         if (!absl::IsResourceExhausted(s)) Fail("grant", std::string(s.message()));
-        Log(absl::StrCat("r", r, " grow: pool dry"));
+        KVG_TRACE("r", r, " grow: pool dry");
         return false;
       }
       if (q->pages->num_pages() > before) OnGranted(*q, size_t(before));
@@ -725,7 +719,7 @@ bool World::Cancel(int r) {
   Request* q = Get(r);
   if (q == nullptr || q->phase == Phase::kDone || q->cancelled) return false;
   q->cancelled = true;
-  Log(absl::StrCat("cancel r", r));
+  KVG_TRACE("cancel r", r);
   return true;
 }
 
@@ -733,7 +727,7 @@ bool World::Preempt(int r) {
   Request* q = Get(r);
   if (q == nullptr || q->phase != Phase::kDecodeGrow || q->waiting) return false;
   const int kv = q->pages->kv_len();
-  Log(absl::StrCat("preempt r", r, " (", q->pages->num_pages(), " pages, ", kv, " tokens)"));
+  KVG_TRACE("preempt r", r, " (", q->pages->num_pages(), " pages, ", kv, " tokens)");
   ReleaseAll(*q);
   q->waiting = true;
   q->tokens = kv;
@@ -753,7 +747,7 @@ bool World::CopyStep(int r, int page_index) {
           sp.state != ShadowPage::State::kFree &&
           ((sp.owner == q.owner && sp.generation == copy.grant.generation) ||
            (sp.state == ShadowPage::State::kLimbo && sp.generation == copy.grant.generation + 1));
-      Log(absl::StrCat("copy r", r, " reads ", G(copy.grant)));
+      KVG_TRACE("copy r", r, " reads ", G(copy.grant));
       if (!ours) {
         Fail("grant-while-readable",
              absl::StrCat("an in-flight copy of ", G(copy.grant), " for request ", r,
@@ -769,8 +763,8 @@ bool World::CopyStep(int r, int page_index) {
     if (sp.copies > 0 && sp.copy_owner == q.owner) --sp.copies;
     if (sp.copies == 0) sp.copy_owner = Owner{};
     ShadowReclaim();
-    Log(absl::StrCat("copy r", r, " end ", G(copy.grant), ": ",
-                     v ? isolation::ViolationKindName(v->kind) : "ok"));
+    KVG_TRACE("copy r", r, " end ", G(copy.grant), ": ",
+              v ? isolation::ViolationKindName(v->kind) : "ok");
     if (v.has_value() == want_ok) {
       Fail("copy-outcome", absl::StrCat("EndCopy of ", G(copy.grant), " for request ", r,
                                         (v ? " refused" : " accepted"), " against the shadow"));
@@ -788,8 +782,7 @@ bool World::CopyStep(int r, int page_index) {
   const bool want_ok = sp.state == ShadowPage::State::kOwned && sp.owner == q->owner &&
                        sp.generation == g.generation && sp.tag == g.tag &&
                        (sp.copies == 0 || sp.copy_owner == q->owner);
-  Log(absl::StrCat("copy r", r, " begin ", G(g), ": ",
-                   v ? isolation::ViolationKindName(v->kind) : "ok"));
+  KVG_TRACE("copy r", r, " begin ", G(g), ": ", v ? isolation::ViolationKindName(v->kind) : "ok");
   if (v.has_value() == want_ok) {
     Fail("copy-outcome", absl::StrCat("BeginCopy of ", G(g), " for request ", r,
                                       (v ? " refused" : " accepted"), " against the shadow"));
@@ -810,7 +803,7 @@ bool World::RotateKey() {
   if (keys_->key_ids().size() >= size_t(kMaxKeys)) return false;
   absl::StatusOr<isolation::KeyId> id = guard_->RotateKey("fuzz");
   if (!id.ok()) Fail("key-retire", std::string(id.status().message()));
-  Log(absl::StrCat("rotate tag key -> ", *id));
+  KVG_TRACE("rotate tag key -> ", *id);
   return true;
 }
 
@@ -825,8 +818,8 @@ bool World::RetireOldKeys() {
           sp.key == id;
     }
     const absl::Status s = guard_->RetireKey(id);
-    Log(absl::StrCat("retire key ", id, " (", held,
-                     " pages hold it): ", s.ok() ? "ok" : std::string(s.message())));
+    KVG_TRACE("retire key ", id, " (", held,
+              " pages hold it): ", s.ok() ? "ok" : std::string(s.message()));
     if (s.ok() != (held == 0)) {
       Fail("key-retire", absl::StrCat("key ", id, " retire ", s.ok() ? "accepted" : "refused",
                                       " with ", held, " held pages under it"));
@@ -841,7 +834,7 @@ bool World::SetMode(int tenant, Mode mode) {
   const absl::Status s = guard_->SetMode(kTenantNames[tenant], mode, "fuzz");
   if (!s.ok()) Fail("mode", std::string(s.message()));
   tenants_[size_t(tenant)].mode = mode;
-  Log(absl::StrCat("set mode ", kTenantNames[tenant], " ", isolation::ModeName(mode)));
+  KVG_TRACE("set mode ", kTenantNames[tenant], " ", isolation::ModeName(mode));
   return true;
 }
 
@@ -855,7 +848,7 @@ bool World::Inject(Fault f, int r, uint32_t arg) {
       const PageGrant g = q->pages->grants()[arg % uint32_t(n)];
       if (!ShadowReleasable(q->owner, g)) return false;  // already gone
       q->tainted = true;
-      Log(absl::StrCat("FAULT release mid-step r", r, " ", G(g)));
+      KVG_TRACE("FAULT release mid-step r", r, " ", G(g));
       ShadowRelease(g, false);
       if (std::optional<Violation> v = pool_->table().Release(q->owner, g, false)) {
         Fail("release-outcome", absl::StrCat("the release of request ", r, "'s current ", G(g),
@@ -870,8 +863,8 @@ bool World::Inject(Fault f, int r, uint32_t arg) {
       const bool want = ShadowReleasable(q->owner, g);
       if (want) ShadowRelease(g, false);
       const std::optional<Violation> v = pool_->table().Release(q->owner, g, false);
-      Log(absl::StrCat("FAULT double release r", r, " ", G(g), ": ",
-                       v ? isolation::ViolationKindName(v->kind) : "accepted"));
+      KVG_TRACE("FAULT double release r", r, " ", G(g), ": ",
+                v ? isolation::ViolationKindName(v->kind) : "accepted");
       if (v.has_value() == want) {
         Fail("release-outcome",
              absl::StrCat("a second release of ", G(g), " by request ", r,
@@ -885,7 +878,7 @@ bool World::Inject(Fault f, int r, uint32_t arg) {
       const int i = int(arg % uint32_t(n));
       q->overrides[i] = q->released[(arg >> 8) % q->released.size()];
       q->tainted = true;
-      Log(absl::StrCat("FAULT stale page table r", r, "[", i, "] = ", G(q->overrides[i])));
+      KVG_TRACE("FAULT stale page table r", r, "[", i, "] = ", G(q->overrides[i]));
       return true;
     }
     case Fault::kForgedPageTable: {
@@ -901,7 +894,7 @@ bool World::Inject(Fault f, int r, uint32_t arg) {
       }
       q->overrides[i] = g;
       q->tainted = true;
-      Log(absl::StrCat("FAULT forged page table r", r, "[", i, "] = ", G(g)));
+      KVG_TRACE("FAULT forged page table r", r, "[", i, "] = ", G(g));
       return true;
     }
     case Fault::kForeignRelease: {
@@ -917,8 +910,8 @@ bool World::Inject(Fault f, int r, uint32_t arg) {
         const bool want = ShadowReleasable(q->owner, g);
         if (want) ShadowRelease(g, false);
         const std::optional<Violation> v = pool_->table().Release(q->owner, g, false);
-        Log(absl::StrCat("FAULT r", r, " releases r", victim->index, "'s ", G(g), ": ",
-                         v ? isolation::ViolationKindName(v->kind) : "accepted"));
+        KVG_TRACE("FAULT r", r, " releases r", victim->index, "'s ", G(g), ": ",
+                  v ? isolation::ViolationKindName(v->kind) : "accepted");
         if (v.has_value() == want) {
           Fail("release-outcome",
                absl::StrCat("request ", r, "'s release of request ", victim->index, "'s ", G(g),
@@ -936,7 +929,7 @@ bool World::Inject(Fault f, int r, uint32_t arg) {
       q->pages->set_faults(sf);
       q->cancelled = true;
       q->tainted = true;
-      Log(absl::StrCat("FAULT cancelled handover r", r));
+      KVG_TRACE("FAULT cancelled handover r", r);
       return true;
     }
     case Fault::kCount:
@@ -963,6 +956,7 @@ void World::Finish() {
   for (int r = 0; r < num_requests(); ++r) {
     if (live(r)) Fail("accounting", absl::StrCat("request ", r, " cannot finish"));
   }
+  checks_ = 7;  // the next check is the full one
   CheckInvariants();
   const isolation::OwnershipTable& t = pool_->table();
   if (t.free_pages() != t.num_pages()) {

@@ -7,8 +7,8 @@
 // page read or write, a release, a pin, a copy, a key or mode change), so an interleaving of
 // actions is exactly an interleaving of the accesses a real multi-threaded engine makes.
 //
-// The oracles (a violated one prints its name, the detail and the action trace, then aborts,
-// which libFuzzer reports as a crash):
+// The oracles (a violated one prints its name and the detail, then aborts, which libFuzzer
+// reports as a crash; with KVGUARD_FUZZ_TRACE=1 every action is printed as it happens):
 //   read-let-through     a page read after verification and the kernel's tag check passed is
 //                        not the reader's current page, or holds bytes the reader did not write
 //   legit-read-rejected  verification (or the kernel check) refused a page table the shadow
@@ -37,7 +37,6 @@
 #define KVGUARD_FUZZ_HARNESS_WORLD_H_
 
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -126,8 +125,7 @@ class World {
   // whole again.
   void Finish();
 
-  // The trace of actions so far, printed with a failed oracle (and by the drivers on demand).
-  const std::deque<std::string>& trace() const { return trace_; }
+  // set_echo prints every action to stderr as it happens (KVGUARD_FUZZ_TRACE=1).
   void set_echo(bool echo) { echo_ = echo; }
 
  private:
@@ -137,7 +135,7 @@ class World {
 
   Request* Get(int r);
   const Request* Get(int r) const;
-  void Log(std::string line);
+  void Log(const std::string& line);
   [[noreturn]] void Fail(const char* oracle, const std::string& detail) const;
 
   // Shadow bookkeeping around the real calls.
@@ -152,6 +150,10 @@ class World {
   // Steps of the lifecycle.
   std::vector<isolation::PageGrant> Presented(const Request& q) const;
   void BeginStep(Request& q);
+  // KernelCheck runs the attention kernel's tag check on one page of q's page table, checks
+  // its verdict against the shadow's, and aborts q on a mismatch (returns false).
+  bool KernelCheck(Request& q, const isolation::PageGrant& g, int page_index, int tokens,
+                   const char* access);
   void KernelCheckAndRead(Request& q, int page_index);
   void KernelCheckAndWrite(Request& q, int position);
   void EndStep(Request& q, bool prefill);
@@ -179,8 +181,8 @@ class World {
   std::vector<ShadowTenant> tenants_;
   std::vector<Copy> copies_;
   core::SessionFaults planted_session_;
-  std::deque<std::string> trace_;
   bool echo_ = false;
+  uint64_t checks_ = 0;
 };
 
 }  // namespace kvguard::fuzz

@@ -373,22 +373,8 @@ class PagedKvCase {
   }
 
   void StoreElement(uint8_t* pool, size_t index, double x, float scale) const {
-    switch (spec_.dtype) {
-      case KvDtype::kFp32: {
-        const float f = static_cast<float>(x);
-        std::memcpy(pool + index * 4, &f, 4);
-        break;
-      }
-      case KvDtype::kBf16: {
-        const uint16_t b = Bf16FromFloat(static_cast<float>(x));
-        std::memcpy(pool + index * 2, &b, 2);
-        break;
-      }
-      case KvDtype::kFp8E4m3:
-        // x is already on the FP8 grid times scale, so this division is exact in the codes.
-        pool[index] = Fp8E4m3FromFloat(static_cast<float>(x / scale));
-        break;
-    }
+    // FP8: x is already on the FP8 grid times scale, so the division is exact in the codes.
+    StoreKvElement(spec_.dtype, static_cast<float>(x), scale, pool, index);
   }
 
   void FillStale(uint8_t* pool, size_t elems, Stale stale) const {

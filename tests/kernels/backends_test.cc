@@ -156,17 +156,8 @@ std::string AttentionCase(KvDtype dtype, int head_dim) {
   std::vector<uint8_t> kbuf(elems * KvDtypeBytes(dtype)), vbuf(kbuf.size());
   const float scale = 4.0f / 448.0f;
   for (size_t i = 0; i < elems; ++i) {
-    if (dtype == KvDtype::kFp32) {
-      std::memcpy(&kbuf[i * 4], &kf[i], 4);
-      std::memcpy(&vbuf[i * 4], &vf[i], 4);
-    } else if (dtype == KvDtype::kBf16) {
-      const uint16_t hk = Bf16FromFloat(kf[i]), hv = Bf16FromFloat(vf[i]);
-      std::memcpy(&kbuf[i * 2], &hk, 2);
-      std::memcpy(&vbuf[i * 2], &hv, 2);
-    } else {
-      kbuf[i] = Fp8E4m3FromFloat(kf[i] / scale);
-      vbuf[i] = Fp8E4m3FromFloat(vf[i] / scale);
-    }
+    StoreKvElement(dtype, kf[i], scale, kbuf.data(), i);
+    StoreKvElement(dtype, vf[i], scale, vbuf.data(), i);
   }
   const std::vector<float> scales(kv_heads, scale);
   PagedKvView kv;
@@ -208,10 +199,7 @@ std::string AttentionCase(KvDtype dtype, int head_dim) {
                             static_cast<int>(qs_want.size()), nullptr);
   double max_v = 0;
   for (size_t i = 0; i < elems; ++i) {
-    const double v = dtype == KvDtype::kFp32   ? vf[i]
-                     : dtype == KvDtype::kBf16 ? Bf16ToFloat(Bf16FromFloat(vf[i]))
-                                               : Fp8E4m3ToFloat(vbuf[i]) * scale;
-    max_v = std::max(max_v, std::fabs(v));
+    max_v = std::max(max_v, std::fabs(double{LoadKvElement(dtype, vbuf.data(), i, scale)}));
   }
   return CompareWithin(got, want, std::vector<double>(got.size(), 2e-5 * max_v));
 }
