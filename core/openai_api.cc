@@ -247,6 +247,10 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, bool chat,
     if (!it->is_boolean()) return WrongType("stream", "a boolean");
     r.stream = it->get<bool>();
   }
+  if (auto it = doc.find("ignore_eos"); it != doc.end() && !it->is_null()) {
+    if (!it->is_boolean()) return WrongType("ignore_eos", "a boolean");
+    r.ignore_eos = it->get<bool>();
+  }
   if (auto it = doc.find("stream_options"); it != doc.end() && !it->is_null()) {
     if (!it->is_object()) return WrongType("stream_options", "an object");
     if (auto u = it->find("include_usage"); u != it->end()) {

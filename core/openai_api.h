@@ -44,6 +44,7 @@ struct CompletionRequest {
   std::vector<std::string> stop;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with usage
+  bool ignore_eos = false;     // vLLM's extension: generate max_tokens even past EOS
 };
 
 // RequestLimits are the bounds a request is validated against.
@@ -60,6 +61,7 @@ struct RequestLimits {
 // max_tokens <= 0 or above limits.max_tokens, temperature outside [0, 2], top_p outside (0, 1],
 // more than 4 stop sequences, n != 1, an unknown model (404 model_not_found). Unknown fields
 // are ignored, as OpenAI's clients send optional fields this server does not implement.
+// Accepts vLLM's `ignore_eos` extension (generate max_tokens whatever the model emits).
 std::optional<ApiError> ParseCompletionRequest(std::string_view body, bool chat,
                                                const RequestLimits& limits, CompletionRequest* out);
 

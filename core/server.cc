@@ -317,6 +317,7 @@ void Server::Impl::HandleCompletion(const httplib::Request& req, httplib::Respon
   g.sampling.top_p = request.top_p;
   g.sampling.seed = request.seed ? *request.seed : std::random_device{}();
   g.stop = request.stop;
+  g.stop_at_eos = !request.ignore_eos;
   std::shared_ptr<Stream> stream;
   if (request.stream) {
     stream = std::make_shared<Stream>();

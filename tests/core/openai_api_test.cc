@@ -78,6 +78,8 @@ TEST(OpenAiApiTest, RefusesBadRequests) {
       {"empty stop", false, R"({"model": "small", "prompt": "hi", "stop": [""]})", 400, "stop",
        "invalid_value"},
       {"n 2", false, R"({"model": "small", "prompt": "hi", "n": 2})", 400, "n", "invalid_value"},
+      {"ignore_eos type", false, R"({"model": "small", "prompt": "hi", "ignore_eos": 1})", 400,
+       "ignore_eos", "invalid_type"},
       {"stream type", false, R"({"model": "small", "prompt": "hi", "stream": "yes"})", 400,
        "stream", "invalid_type"},
       {"no messages", true, R"({"model": "small"})", 400, "messages", "invalid_value"},
@@ -115,7 +117,8 @@ TEST(OpenAiApiTest, AcceptsValidRequests) {
   ASSERT_EQ(ParseCompletionRequest(
                 R"({"model": "small", "prompt": "h\u00e9", "max_tokens": 100, "temperature": 0,
                     "top_p": 0.5, "seed": 7, "stop": ["a", "b", "c", "d"], "stream": true,
-                    "stream_options": {"include_usage": true}, "user": "ignored", "n": 1})",
+                    "stream_options": {"include_usage": true}, "user": "ignored", "n": 1,
+                    "ignore_eos": true})",
                 false, Limits(), &r),
             std::nullopt);
   EXPECT_EQ(r.prompt, "h\xC3\xA9");
@@ -126,6 +129,7 @@ TEST(OpenAiApiTest, AcceptsValidRequests) {
   EXPECT_EQ(r.stop.size(), 4u);
   EXPECT_TRUE(r.stream);
   EXPECT_TRUE(r.include_usage);
+  EXPECT_TRUE(r.ignore_eos);
 
   ASSERT_EQ(ParseCompletionRequest(R"({"model": "small", "prompt": ["one"], "stop": "x"})", false,
                                    Limits(), &r),
