@@ -82,6 +82,12 @@ bench: build
 	./build/default/bench/audit_bench --benchmark_repetitions=3 \
 	  --benchmark_report_aggregates_only=true > bench/results/audit-bench.txt
 
+# The bounded load test of `kvguard serve`: 64 clients over 4 tenants for 60 s on `small`
+# (throughput, p50/p99 latency, zero lost and zero wrong-tenant responses).
+bench-serve: build
+	.venv/bin/python bench/serve_load.py --kvguard $(KVGUARD) --model small --clients 64 \
+	  --duration 60 --out bench/results/serve-load
+
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cc' '*.cu')
 

@@ -1,6 +1,7 @@
 #include "core/server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
@@ -142,6 +143,7 @@ struct Server::Impl {
   httplib::Server admin;
   std::thread api_thread, admin_thread;
   int api_port = 0, admin_port = 0;
+  int api_fd = -1, admin_fd = -1;  // the listening sockets (see Start)
 
   mutable std::mutex mu;
   std::condition_variable cv;
@@ -750,7 +752,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(Engine* engine,
   impl->options = std::move(options);
   impl->config = std::make_shared<const ServiceConfig>(std::move(config));
   for (const ServiceTenant& t : impl->config->tenants) impl->tenants[t.name];
-  for (httplib::Server* s : {&impl->api, &impl->admin}) {
+  for (auto [s, fd] : {std::pair{&impl->api, &impl->api_fd}, {&impl->admin, &impl->admin_fd}}) {
+    // httplib 0.11 listens with a backlog of 5: a burst of clients overflows it. Remember the
+    // listening socket here (called once, before bind) so that Start can raise the backlog.
+    s->set_socket_options([fd](socket_t sock) {
+      httplib::default_socket_options(sock);
+      *fd = sock;
+    });
     const int threads = impl->options.http_threads;
     s->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     s->set_payload_max_length(impl->options.max_body_bytes);
@@ -816,6 +824,10 @@ absl::Status Server::Start() {
       !s.ok()) {
     m.api.stop();
     return s;
+  }
+  // listen() again on a listening socket sets its backlog (Linux).
+  for (int fd : {m.api_fd, m.admin_fd}) {
+    if (fd >= 0) ::listen(fd, SOMAXCONN);
   }
   m.api_thread = std::thread([&m] { m.api.listen_after_bind(); });
   m.admin_thread = std::thread([&m] { m.admin.listen_after_bind(); });
