@@ -262,6 +262,23 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, bool chat,
   return std::nullopt;
 }
 
+namespace {
+
+// Envelope returns the fields every response and chunk share.
+json Envelope(const CompletionRequest& request, std::string_view id, int64_t created, bool chunk) {
+  const char* object =
+      request.chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion";
+  return json{{"id", id}, {"object", object}, {"created", created}, {"model", request.model}};
+}
+
+json UsageJson(const Usage& usage) {
+  return json{{"prompt_tokens", usage.prompt_tokens},
+              {"completion_tokens", usage.completion_tokens},
+              {"total_tokens", usage.prompt_tokens + usage.completion_tokens}};
+}
+
+}  // namespace
+
 json CompletionBody(const CompletionRequest& request, std::string_view id, int64_t created,
                     std::string_view text, std::string_view finish_reason, const Usage& usage) {
   json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", nullptr}};
@@ -270,15 +287,10 @@ json CompletionBody(const CompletionRequest& request, std::string_view id, int64
   } else {
     choice["text"] = text;
   }
-  return json{{"id", id},
-              {"object", request.chat ? "chat.completion" : "text_completion"},
-              {"created", created},
-              {"model", request.model},
-              {"choices", json::array({choice})},
-              {"usage",
-               {{"prompt_tokens", usage.prompt_tokens},
-                {"completion_tokens", usage.completion_tokens},
-                {"total_tokens", usage.prompt_tokens + usage.completion_tokens}}}};
+  json body = Envelope(request, id, created, /*chunk=*/false);
+  body["choices"] = json::array({choice});
+  body["usage"] = UsageJson(usage);
+  return body;
 }
 
 json ChunkBody(const CompletionRequest& request, std::string_view id, int64_t created,
@@ -294,24 +306,17 @@ json ChunkBody(const CompletionRequest& request, std::string_view id, int64_t cr
   } else {
     choice["text"] = text;
   }
-  return json{{"id", id},
-              {"object", request.chat ? "chat.completion.chunk" : "text_completion"},
-              {"created", created},
-              {"model", request.model},
-              {"choices", json::array({choice})}};
+  json body = Envelope(request, id, created, /*chunk=*/true);
+  body["choices"] = json::array({choice});
+  return body;
 }
 
 json UsageChunkBody(const CompletionRequest& request, std::string_view id, int64_t created,
                     const Usage& usage) {
-  return json{{"id", id},
-              {"object", request.chat ? "chat.completion.chunk" : "text_completion"},
-              {"created", created},
-              {"model", request.model},
-              {"choices", json::array()},
-              {"usage",
-               {{"prompt_tokens", usage.prompt_tokens},
-                {"completion_tokens", usage.completion_tokens},
-                {"total_tokens", usage.prompt_tokens + usage.completion_tokens}}}};
+  json body = Envelope(request, id, created, /*chunk=*/true);
+  body["choices"] = json::array();
+  body["usage"] = UsageJson(usage);
+  return body;
 }
 
 }  // namespace kvguard::core
