@@ -752,7 +752,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(Engine* engine,
   impl->options = std::move(options);
   impl->config = std::make_shared<const ServiceConfig>(std::move(config));
   for (const ServiceTenant& t : impl->config->tenants) impl->tenants[t.name];
-  for (auto [s, fd] : {std::pair{&impl->api, &impl->api_fd}, {&impl->admin, &impl->admin_fd}}) {
+  // (Not a structured binding: clang 14 cannot capture one in the lambda below.)
+  for (const std::pair<httplib::Server*, int*>& entry :
+       {std::pair{&impl->api, &impl->api_fd}, std::pair{&impl->admin, &impl->admin_fd}}) {
+    httplib::Server* s = entry.first;
+    int* fd = entry.second;
     // httplib 0.11 listens with a backlog of 5: a burst of clients overflows it. Remember the
     // listening socket here (called once, before bind) so that Start can raise the backlog.
     s->set_socket_options([fd](socket_t sock) {
