@@ -16,6 +16,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "audit/private_file.h"
+#include "core/gguf_weight_source.h"
 #include "core/runtime.h"
 #include "core/server.h"
 #include "core/service_config.h"
@@ -37,7 +38,8 @@ int ServeUsage(const std::string& error) {
                "  --host H / --port P          API listener (default 127.0.0.1:8080; 0 = any)\n"
                "  --admin-host H / --admin-port P  admin listener (default 127.0.0.1:8081)\n"
                "  --admin-key-file PATH        the admin key's digest (\"sha256:<hex>\")\n"
-               "  --model-name NAME            the model id clients use (default: --model)\n"
+               "  --model-name NAME            the model id clients use (default: --model,\n"
+               "                               or a GGUF file's name without .gguf)\n"
                "  --max-body-bytes N           request body limit (default 1M)\n"
                "  --read-timeout-ms MS / --write-timeout-ms MS  slow-client limits (10000)\n"
                "  --http-threads N             connections served at once (default 128)\n"
@@ -167,7 +169,14 @@ int RunServe(const std::vector<std::string>& argv) {
   }
   if (options.tenants_file.empty()) return ServeUsage("--tenants PATH is required");
   if (options.isolation_mode) return ServeUsage("--isolation: set modes in the tenants file");
-  if (so.model_name.empty()) so.model_name = options.model;
+  if (so.model_name.empty()) {
+    // A GGUF path's clients name the model by its file name without .gguf, not the path.
+    so.model_name = options.model;
+    if (core::IsGgufPath(so.model_name)) {
+      so.model_name = so.model_name.substr(so.model_name.rfind('/') + 1);
+      so.model_name.resize(so.model_name.size() - 5);
+    }
+  }
 
   // The tenants file is the service's (api keys, limits): the engine gets its isolation part.
   absl::StatusOr<core::ServiceConfig> config = core::ServiceConfig::LoadFile(options.tenants_file);
@@ -178,7 +187,9 @@ int RunServe(const std::vector<std::string>& argv) {
   so.tenants_file = options.tenants_file;
   options.tenants_file.clear();
   options.engine.isolation.policy = config->policy;
-  if (!admin_key_file.empty()) {
+  if (admin_key_file.empty()) {
+    std::fprintf(stderr, "kvguard serve: no --admin-key-file: every admin API call is refused\n");
+  } else {
     absl::StatusOr<core::KeyDigest> d = ReadAdminKeyDigest(admin_key_file);
     if (!d.ok()) {
       std::fprintf(stderr, "kvguard serve: %s\n", std::string(d.status().message()).c_str());
