@@ -2,8 +2,8 @@
 # both run scripts/setup first (idempotent; quick when everything is installed).
 JOBS ?= $(shell nproc)
 
-.PHONY: all setup build build-asan build-tsan run test test-default test-asan test-tsan bench format \
-	clean fuzz-build fuzz-smoke
+.PHONY: all setup build build-asan build-tsan run run-generate test test-default test-asan test-tsan \
+	bench bench-serve format clean fuzz-build fuzz-smoke
 
 all: build
 
@@ -18,11 +18,22 @@ build-asan: setup
 	cmake --preset asan
 	cmake --build --preset asan -j $(JOBS)
 
-# The main job on the built-in default: generate with the `small` model (FP8 prefill weights,
-# INT4 decode weights, FP8 KV cache), then a short serving benchmark.
+# The product on the built-in default: `kvguard serve` on 127.0.0.1:8080 (admin API and /metrics
+# on 127.0.0.1:8081) with the `small` model (FP8 prefill weights, INT4 decode weights, FP8 KV
+# cache), two demo tenants (demo-a enforce, demo-b strict) whose keys are printed once, when
+# build/demo/tenants.json is created (delete it for new keys), and the audit log in
+# build/demo/audit. Ctrl-C (SIGINT) or SIGTERM shuts it down gracefully.
 KVGUARD = ./build/default/tools/kvguard
+DEMO = build/demo
 run: build
 	$(KVGUARD) version
+	mkdir -p $(DEMO)
+	$(KVGUARD) serve --model small --host 127.0.0.1 --port 8080 --admin-port 8081 \
+	  --demo-tenants $(DEMO)/tenants.json --audit-log $(DEMO)/audit \
+	  --tag-key-file $(DEMO)/tag.key --kv-cache-bytes 512M
+
+# The previous main job: generate with `small`, then a short serving benchmark (engine only).
+run-generate: build
 	$(KVGUARD) generate --model small --prompt "Once upon a time" --max-tokens 48
 	$(KVGUARD) bench --model small --context 256 --concurrency 1,4,16 \
 	  --configs int4/fp8_e4m3,int4/bf16 --requests-per-client 1
@@ -72,6 +83,12 @@ bench: build
 	  --benchmark_report_aggregates_only=true > bench/results/isolation-tag-derivation.txt
 	./build/default/bench/audit_bench --benchmark_repetitions=3 \
 	  --benchmark_report_aggregates_only=true > bench/results/audit-bench.txt
+
+# The bounded load test of `kvguard serve`: 64 clients over 4 tenants for 60 s on `small`
+# (throughput, p50/p99 latency, zero lost and zero wrong-tenant responses).
+bench-serve: build
+	.venv/bin/python bench/serve_load.py --kvguard $(KVGUARD) --model small --clients 64 \
+	  --duration 60 --out bench/results/serve-load
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cc' '*.cu')

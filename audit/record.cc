@@ -15,9 +15,10 @@ constexpr std::string_view kRecordDomain = "kvguard/audit/record/v1\n";
 constexpr std::string_view kCheckpointDomain = "kvguard/audit/checkpoint/v1\n";
 constexpr std::string_view kHashKey = ",\"hash\":\"";
 
-constexpr std::array<std::string_view, 10> kEventTypes = {
-    "service_start",      "service_stop", "violation",   "release_rejected", "session_quarantined",
-    "tenant_quarantined", "mode_change",  "key_rotated", "log_rotation",     "recovery"};
+constexpr std::array<std::string_view, 11> kEventTypes = {
+    "service_start",       "service_stop",       "violation",    "release_rejected",
+    "session_quarantined", "tenant_quarantined", "mode_change",  "key_rotated",
+    "log_rotation",        "recovery",           "config_change"};
 
 // Quote returns `v` as a JSON string. Invalid UTF-8 (an operator's name, a detail) becomes
 // U+FFFD rather than an exception: a record is always written, and stays canonical (parsing

@@ -26,6 +26,9 @@ audit::Event ToAuditRecord(const isolation::AuditEvent& e) {
     case Type::kKeyRotated:
       r.type = "key_rotated";
       break;
+    case Type::kConfigChange:
+      r.type = "config_change";
+      break;
   }
   if (!e.tenant.empty()) r.tenant = e.tenant;
   if (!e.mode.empty()) r.mode = e.mode;

@@ -14,6 +14,8 @@ const char* AuditEventTypeName(AuditEvent::Type type) {
       return "mode_change";
     case AuditEvent::Type::kKeyRotated:
       return "key_rotated";
+    case AuditEvent::Type::kConfigChange:
+      return "config_change";
   }
   return "unknown";
 }

@@ -27,6 +27,7 @@ struct AuditEvent {
     kTenantQuarantined,   // strict: a tenant reached its violation limit
     kModeChange,          // a tenant's mode changed at run time
     kKeyRotated,          // a new tag key became active
+    kConfigChange,        // an operator changed a tenant's keys or limits (detail: before -> after)
   };
   Type type = Type::kViolation;
   int64_t unix_nanos = 0;

@@ -1,5 +1,6 @@
 #include "isolation/tenant_policy.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -48,7 +49,8 @@ TenantPolicy TenantPolicy::Default() {
   return p;
 }
 
-absl::StatusOr<TenantPolicy> TenantPolicy::Parse(std::string_view text) {
+absl::StatusOr<TenantPolicy> TenantPolicy::Parse(std::string_view text,
+                                                 std::span<const std::string_view> extension_keys) {
   // No exceptions: parse with allow_exceptions = false and check every type before reading.
   // JSON lets a key repeat and nlohmann keeps the last; here a repeat is an error, or
   // {"mode": "strict", "mode": "off"} would quietly run a tenant with checks off.
@@ -115,7 +117,8 @@ absl::StatusOr<TenantPolicy> TenantPolicy::Parse(std::string_view text) {
               absl::StrCat(where, ".quarantine_after must be an integer in [1, 1000000]"));
         }
         s.quarantine_after = static_cast<int>(value.get<int64_t>());
-      } else {
+      } else if (std::find(extension_keys.begin(), extension_keys.end(), key) ==
+                 extension_keys.end()) {
         return absl::InvalidArgumentError(absl::StrCat(where, ": unknown key '", key, "'"));
       }
     }

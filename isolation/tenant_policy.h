@@ -16,6 +16,7 @@
 #ifndef KVGUARD_ISOLATION_TENANT_POLICY_H_
 #define KVGUARD_ISOLATION_TENANT_POLICY_H_
 
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,7 +44,10 @@ struct TenantPolicy {
   static TenantPolicy Default();
   // Parse reads the JSON above. InvalidArgument naming the field for malformed JSON, unknown
   // or mistyped keys, bad or duplicate names, unknown modes, or an out-of-range limit.
-  static absl::StatusOr<TenantPolicy> Parse(std::string_view json);
+  // `extension_keys` are per-tenant keys that a layer above owns (the service's API keys and
+  // limits, core/service_config.h): they are skipped here, and that layer checks them.
+  static absl::StatusOr<TenantPolicy> Parse(std::string_view json,
+                                            std::span<const std::string_view> extension_keys = {});
   // LoadFile reads and parses `path`; NotFound / the parse error, prefixed with the path.
   static absl::StatusOr<TenantPolicy> LoadFile(const std::string& path);
 };

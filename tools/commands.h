@@ -19,6 +19,8 @@ int RunKeys(const std::vector<std::string>& args);
 int RunAudit(const std::vector<std::string>& args);
 int RunEval(const std::vector<std::string>& args);
 int RunModel(const std::vector<std::string>& args);
+int RunServe(const std::vector<std::string>& args);
+int RunTenant(const std::vector<std::string>& args);
 
 // BuildDescription returns the multi-line text `kvguard version` prints (also written into
 // benchmark result files, so a figure always says what produced it).

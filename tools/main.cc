@@ -23,6 +23,8 @@ constexpr Command kCommands[] = {
     {"bench", "the serving benchmark (--help); `kvguard bench kernels` for the kernels", RunBench},
     {"keys", "list, rotate or retire page-tag keys in a key file (ids, fingerprints)", RunKeys},
     {"audit", "verify, query, export and prove records of an audit log (--help)", RunAudit},
+    {"serve", "the OpenAI-compatible multi-tenant HTTP service (--help)", RunServe},
+    {"tenant", "list tenants / set a tenant's mode through the admin API", RunTenant},
 };
 
 int Usage(FILE* out) {

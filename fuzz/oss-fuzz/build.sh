@@ -10,7 +10,8 @@
 cd "$(dirname "$0")/../.."
 : "${CFLAGS:=}" "${CXXFLAGS:=}"
 build="${WORK:-/tmp}/kvguard-oss-fuzz-build"
-targets=(page_ops realloc_race kernel_diff tenant_policy audit_parse audit_verify gguf_parse)
+targets=(page_ops realloc_race kernel_diff tenant_policy audit_parse audit_verify gguf_parse
+         openai_request)
 
 cmake -S . -B "$build" -G Ninja \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \

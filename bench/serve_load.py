@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""bench/serve_load.py: the bounded load test of `kvguard serve`.
+
+Starts the real server (tests/service/conftest.py's harness: free loopback ports, four
+tenants, an audit log), then runs CLIENTS closed-loop clients spread evenly over the tenants
+for DURATION seconds with the official OpenAI client (async): each sends a request, waits for
+the whole response, checks it, and sends the next; requests alternate between plain and
+streamed. Every request must come back complete (finish_reason "length", completion_tokens ==
+max_tokens, ignore_eos so the length is known) and be attributed, in the server's own request
+log, to the tenant whose key sent it. Reports throughput and latency percentiles; writes
+OUT.json and OUT.md; exits 1 if any response was lost or went to the wrong tenant.
+
+  .venv/bin/python bench/serve_load.py --kvguard build/default/tools/kvguard \
+      --clients 64 --duration 60 --out bench/results/serve-load
+"""
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests/service"))
+
+import openai  # noqa: E402
+
+import conftest  # noqa: E402  (the e2e harness: Server, TENANTS)
+
+
+def percentile(values, p):
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = (len(s) - 1) * p / 100
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+async def client_loop(server, i, tenant, deadline, max_tokens, results):
+    c = openai.AsyncOpenAI(base_url=server.base + "/v1", api_key=conftest.TENANTS[tenant]["key"],
+                           max_retries=0, timeout=300)
+    n = 0
+    while time.monotonic() < deadline:
+        stream = n % 2 == 1
+        kw = dict(model=server.model, prompt=f"client {i} request {n}: tell me a story",
+                  max_tokens=max_tokens, temperature=0.7, seed=i * 100003 + n,
+                  extra_body={"ignore_eos": True})
+        rec = {"tenant": tenant, "client": i, "stream": stream}
+        t0 = time.monotonic()
+        try:
+            if stream:
+                first = None
+                chunks = []
+                async for ch in await c.completions.create(
+                        stream=True, stream_options={"include_usage": True}, **kw):
+                    if first is None:
+                        first = time.monotonic() - t0
+                    chunks.append(ch)
+                finish = next((ch.choices[0].finish_reason for ch in chunks
+                               if ch.choices and ch.choices[0].finish_reason), None)
+                usage = chunks[-1].usage if chunks else None
+                rec.update(id=chunks[0].id, ttft=first, finish=finish,
+                           tokens=usage.completion_tokens if usage else None)
+            else:
+                r = await c.completions.create(**kw)
+                rec.update(id=r.id, finish=r.choices[0].finish_reason,
+                           tokens=r.usage.completion_tokens)
+            rec["latency"] = time.monotonic() - t0
+            rec["ok"] = rec["finish"] == "length" and rec["tokens"] == max_tokens
+        except Exception as e:  # a lost response: recorded, never hidden
+            rec.update(latency=time.monotonic() - t0, ok=False,
+                       error=(repr(e) + " <- " + repr(e.__cause__))[:300])
+        results.append(rec)
+        n += 1
+    await c.close()
+
+
+async def run_clients(server, clients, tenants, duration, max_tokens):
+    results = []
+    deadline = time.monotonic() + duration
+    start = time.monotonic()
+    await asyncio.gather(*[client_loop(server, i, tenants[i % len(tenants)], deadline, max_tokens,
+                                       results) for i in range(clients)])
+    return results, time.monotonic() - start
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kvguard", default=conftest.KVGUARD)
+    ap.add_argument("--model", default="small")
+    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--duration", type=float, default=60)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--kv-cache-bytes", default="256M")
+    ap.add_argument("--out", default=None, help="write OUT.json and OUT.md")
+    args = ap.parse_args()
+    tenants = list(conftest.TENANTS)  # four: enforce, strict, enforce, off
+
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        server = conftest.Server(tmp, binary=args.kvguard, model=args.model,
+                                 limits={"concurrent_requests": args.clients,
+                                         "tokens_per_request": max(args.max_tokens, 16)},
+                                 extra=["--kv-cache-bytes", args.kv_cache_bytes,
+                                        "--read-timeout-ms", "60000",
+                                        "--write-timeout-ms", "60000"])
+        try:
+            results, wall = asyncio.run(run_clients(server, args.clients, tenants, args.duration,
+                                                    args.max_tokens))
+            metrics = server.metrics()
+            log = server.request_tenants()
+        finally:
+            rc = server.stop()
+    ok = [r for r in results if r["ok"]]
+    lost = [r for r in results if not r["ok"]]
+    wrong = [r for r in ok if log.get(int(r["id"].split("-")[1])) != r["tenant"]]
+    per_tenant = {t: sum(1 for r in ok if r["tenant"] == t) for t in tenants}
+    # The server's own count of answered requests per tenant must match the clients'.
+    served = {t: int(sum(v for k, v in metrics.items()
+                         if k.startswith("kvguard_requests_total{") and f'tenant="{t}"' in k
+                         and 'code="200"' in k)) for t in tenants}
+    lat = [r["latency"] for r in ok]
+    summary = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
+        "build": subprocess.run([args.kvguard, "version"], capture_output=True,
+                                text=True).stdout.strip(),
+        "host": {"cpus": os.cpu_count(), "machine": platform.machine(),
+                 "nice": os.nice(0), "loadavg_1m_before": load_before,
+                 "loadavg_1m_after": os.getloadavg()[0]},
+        "model": args.model, "clients": args.clients, "tenants": tenants,
+        "duration_s": args.duration, "wall_s": round(wall, 2), "max_tokens": args.max_tokens,
+        "requests": len(results), "completed": len(ok), "lost": len(lost),
+        "wrong_tenant": len(wrong), "completed_per_tenant": per_tenant,
+        "server_200_per_tenant": served, "server_exit_code": rc,
+        "requests_per_s": round(len(ok) / wall, 2),
+        "output_tokens_per_s": round(len(ok) * args.max_tokens / wall, 1),
+        "latency_s": {"p50": round(percentile(lat, 50), 4), "p99": round(percentile(lat, 99), 4),
+                      "max": round(max(lat), 4) if lat else None},
+        "latency_plain_s": {p: round(percentile([r["latency"] for r in ok if not r["stream"]],
+                                                int(p[1:])), 4) for p in ("p50", "p99")},
+        "latency_stream_s": {p: round(percentile([r["latency"] for r in ok if r["stream"]],
+                                                 int(p[1:])), 4) for p in ("p50", "p99")},
+        "ttft_stream_s": {p: round(percentile([r["ttft"] for r in ok if r["stream"]],
+                                              int(p[1:])), 4) for p in ("p50", "p99")},
+        "server": {k: metrics.get(k) for k in ("kvguard_verify_seconds_per_step",
+                                                "kvguard_preemptions_total",
+                                                "kvguard_audit_log_healthy")},
+        "lost_examples": lost[:5],
+    }
+    failed = (len(lost) > 0 or len(wrong) > 0 or not ok or rc != 0
+              or any(per_tenant[t] != served[t] for t in tenants))
+    summary["pass"] = not failed
+    text = json.dumps(summary, indent=1)
+    print(text)
+    if args.out:
+        pathlib.Path(args.out + ".json").write_text(text + "\n")
+        pathlib.Path(args.out + ".md").write_text(markdown(summary))
+    return 1 if failed else 0
+
+
+def markdown(s):
+    lat, pl, st, tt = s["latency_s"], s["latency_plain_s"], s["latency_stream_s"], s["ttft_stream_s"]
+    return f"""# `kvguard serve` under load
+
+`{s['command']}` ({s['date']})
+
+{s['clients']} closed-loop clients (the official OpenAI client, async) over {len(s['tenants'])}
+tenants ({', '.join(s['tenants'])}: enforce, strict, enforce, off) for {s['duration_s']} s
+against the real server on loopback; model `{s['model']}`, {s['max_tokens']} output tokens per
+request (ignore_eos), requests alternating plain / streamed. Host: {s['host']['cpus']} CPUs,
+nice {s['host']['nice']}, 1-minute load average {s['host']['loadavg_1m_before']:.2f} before the
+run and {s['host']['loadavg_1m_after']:.2f} after it; clients and server share the machine.
+
+| requests | completed | lost | wrong tenant | requests/s | output tokens/s | p50 s | p99 s | max s |
+| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |
+| {s['requests']} | {s['completed']} | {s['lost']} | {s['wrong_tenant']} | {s['requests_per_s']} | {s['output_tokens_per_s']} | {lat['p50']} | {lat['p99']} | {lat['max']} |
+
+Plain requests: p50 {pl['p50']} s, p99 {pl['p99']} s. Streamed: p50 {st['p50']} s, p99
+{st['p99']} s, time to first token p50 {tt['p50']} s, p99 {tt['p99']} s.
+
+Completed per tenant (clients) {s['completed_per_tenant']}; answered with 200 per tenant
+(server's /metrics) {s['server_200_per_tenant']}. A response counts as delivered to the right
+tenant when the server's request log attributes its id to the tenant whose key sent it.
+Server: {s['server']}; exit code {s['server_exit_code']}.
+
+Build:
+
+```
+{s['build']}
+```
+"""
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""The admin API and `kvguard tenant`: a mode change lands in the audit log with before and
+after; reload applies limits and keys (audited); key rotation is audited."""
+
+import os
+import subprocess
+import time
+
+from conftest import ADMIN_KEY, KVGUARD, MODEL, TENANTS, digest, write_tenants
+
+
+def wait_for_records(server, *filters, n=1, timeout=10):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        records = server.audit_records(*filters)
+        if len(records) >= n:
+            return records
+        time.sleep(0.1)
+    raise AssertionError(f"no audit record {filters}")
+
+
+def tenant_cli(server, *args, key=ADMIN_KEY):
+    env = dict(os.environ, KVGUARD_ADMIN_KEY=key)
+    return subprocess.run([KVGUARD, "tenant", *args, "--admin", server.admin], env=env,
+                          capture_output=True, text=True)
+
+
+def test_tenant_list_and_set_mode_audited(server):
+    out = tenant_cli(server, "list")
+    assert out.returncode == 0, out.stderr
+    assert "acme" in out.stdout and "enforce" in out.stdout and "strict" in out.stdout
+    out = tenant_cli(server, "set-mode", "gamma", "strict")
+    assert out.returncode == 0, out.stderr
+    assert "gamma: enforce -> strict" in out.stdout
+    records = wait_for_records(server, "--type", "mode_change", "--tenant", "gamma")
+    assert records[-1]["mode_from"] == "enforce"
+    assert records[-1]["mode_to"] == "strict"
+    assert records[-1]["actor"] == "admin"
+    # The tenant now runs strict and is still served.
+    r = server.client("gamma").completions.create(model=MODEL, prompt="x", max_tokens=2)
+    assert r.usage.completion_tokens == 2
+    assert tenant_cli(server, "set-mode", "gamma", "enforce").returncode == 0
+    # Twins: a bad mode, an unknown tenant and a wrong admin key change nothing.
+    assert tenant_cli(server, "set-mode", "gamma", "paranoid").returncode == 1
+    assert tenant_cli(server, "set-mode", "nobody", "off").returncode == 1
+    out = tenant_cli(server, "set-mode", "gamma", "off", key="wrong")
+    assert out.returncode == 1 and "admin key" in out.stderr
+    assert len(server.audit_records("--type", "mode_change", "--tenant", "gamma")) == 2
+
+
+def test_reload_applies_limits_and_keys_audited(server):
+    tenants = {k: dict(v) for k, v in TENANTS.items()}
+    tenants["delta"]["key"] = "key-delta-rotated"
+    write_tenants(server.tenants_file, {"concurrent_requests": 64, "tokens_per_request": 4},
+                  tenants)
+    try:
+        r = server.admin_call("POST", "/admin/reload")
+        assert r.status_code == 200, r.text
+        # The new limit holds, the new key works and the old one no longer does.
+        c = server.client("acme")
+        try:
+            c.completions.create(model=MODEL, prompt="x", max_tokens=5)
+            raise AssertionError("max_tokens above the reloaded limit was accepted")
+        except Exception as e:  # openai.BadRequestError
+            assert "tokens_per_request" in str(e)
+        import openai
+        new = openai.OpenAI(base_url=server.base + "/v1", api_key="key-delta-rotated",
+                            max_retries=0)
+        assert new.completions.create(model=MODEL, prompt="x", max_tokens=2).usage
+        try:
+            server.client("delta").completions.create(model=MODEL, prompt="x", max_tokens=2)
+            raise AssertionError("the replaced key still works")
+        except openai.AuthenticationError:
+            pass
+        records = wait_for_records(server, "--type", "config_change", "--tenant", "delta")
+        assert "api_keys [" + digest("key-delta")[:15] + "] -> [" + \
+            digest("key-delta-rotated")[:15] + "]" in records[-1]["detail"]
+        assert "limits.tokens_per_request 480 -> 4" in records[-1]["detail"]
+    finally:
+        write_tenants(server.tenants_file)
+        assert server.admin_call("POST", "/admin/reload").status_code == 200
+
+
+def test_reload_refuses_a_bad_file(server):
+    server.tenants_file.write_text('{"tenants": [{"name": "acme", "mdoe": "off"}]}')
+    try:
+        r = server.admin_call("POST", "/admin/reload")
+        assert r.status_code == 409
+        assert "unknown key 'mdoe'" in r.json()["error"]["message"]
+    finally:
+        write_tenants(server.tenants_file)
+    assert server.client("acme").completions.create(model=MODEL, prompt="x", max_tokens=2)
+
+
+def test_rotate_tag_key_audited(server):
+    before = len(server.audit_records("--type", "key_rotated"))
+    r = server.admin_call("POST", "/admin/rotate-tag-key")
+    assert r.status_code == 200
+    assert r.json()["key_id_to"] == r.json()["key_id_from"] + 1
+    records = wait_for_records(server, "--type", "key_rotated", n=before + 1)
+    assert records[-1]["actor"] == "admin"
+    # Requests still verify under the new key.
+    assert server.client("beta").completions.create(model=MODEL, prompt="x", max_tokens=3)
