@@ -243,6 +243,20 @@ void Engine::ReleasePagesLocked(Request* r) {
   }
 }
 
+isolation::Violation Engine::KernelTagViolation(const Request* r, int32_t page_index) const {
+  // The table's view of the page fills in its current owner and generation.
+  const PageGrant& g = r->pages.grants()[static_cast<size_t>(page_index)];
+  isolation::Violation v = pool_->table()
+                               .Verify(r->owner, std::span<const PageGrant>(&g, 1))
+                               .value_or(isolation::Violation{});
+  v.kind = isolation::ViolationKind::kKernelTagMismatch;
+  v.requester = r->owner;
+  v.page_index = page_index;
+  v.page = g.page;
+  v.expected_generation = g.generation;
+  return v;
+}
+
 void Engine::AbortLocked(Request* r, const isolation::Violation& v) {
   guard_->Report(v, r->id);  // the full description goes to the audit sink only
   // What the client may learn: the kind and its own page, never who owns the page now or
@@ -379,9 +393,21 @@ void Engine::PrefillLoop() {
     std::optional<isolation::Violation> violation =
         guard_->Verify(r->owner, r->pages.grants(), mode);
     absl::Status status;
+    int32_t tag_fault = -1;
+#if KVGUARD_FAULT_INJECTION
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (faults_.release_during_prefill == r->id && !violation) {
+        // The bug: a racing path releases a page the prefill is about to write into.
+        pool_->table().Release(r->owner, r->pages.grants().front(), false);
+      }
+    }
+#endif
     if (!violation) {
+      // The write-page tag check runs whatever the mode, as the decode kernels' does.
       status = model_->Prefill(std::span<const int>(r->tokens.data(), size_t(n)), r->pages.grants(),
-                               *pool_, logits.data(), &prefill_pool_);
+                               *pool_, logits.data(), &prefill_pool_, &tag_fault);
+      if (tag_fault >= 0) violation = KernelTagViolation(r, tag_fault);
     }
     // Re-verify before the first token leaves (see DecodeLoop), then unpin: the kernels are
     // done, and pages released from here on need not wait for this step.
@@ -575,17 +601,7 @@ void Engine::DecodeLoop() {
       } else if (tag_faults[b] >= 0) {
         // The kernels' own check failed after verification passed: something released or
         // rewrote the page mid-step. Nothing of the page was read or written.
-        // The table's view of the page fills in its current owner and generation.
-        const PageGrant& g = r->pages.grants()[static_cast<size_t>(tag_faults[b])];
-        isolation::Violation v = pool_->table()
-                                     .Verify(r->owner, std::span<const PageGrant>(&g, 1))
-                                     .value_or(isolation::Violation{});
-        v.kind = isolation::ViolationKind::kKernelTagMismatch;
-        v.requester = r->owner;
-        v.page_index = tag_faults[b];
-        v.page = g.page;
-        v.expected_generation = g.generation;
-        AbortLocked(r, v);
+        AbortLocked(r, KernelTagViolation(r, tag_faults[b]));
         done = true;
       } else if (post_violations[b]) {
         AbortLocked(r, *post_violations[b]);

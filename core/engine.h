@@ -61,12 +61,14 @@ struct EngineOptions {
 // EngineFaults make the scheduler misbehave the ways real engines have shipped (test and fuzz
 // builds only; table-level faults are isolation::TableFaults). Verification must catch each.
 struct EngineFaults {
-  uint64_t release_during_step = 0;  // this request's first page is released mid-step
-  uint64_t double_release = 0;       // this request's pages are released twice at finish
-  bool handover_cancelled = false;   // a request cancelled in prefill is released and still
-                                     // handed over to decode with its old page table
-  uint64_t cancel_in_prefill = 0;    // timing, not a bug: this request is cancelled while its
-                                     // prefill runs (deterministically)
+  uint64_t release_during_step = 0;     // this request's first page is released mid-step
+  uint64_t release_during_prefill = 0;  // ... or after its prefill's verification, before
+                                        // prefill writes into it
+  uint64_t double_release = 0;          // this request's pages are released twice at finish
+  bool handover_cancelled = false;      // a request cancelled in prefill is released and still
+                                        // handed over to decode with its old page table
+  uint64_t cancel_in_prefill = 0;       // timing, not a bug: this request is cancelled while its
+                                        // prefill runs (deterministically)
 };
 #endif
 
@@ -153,6 +155,8 @@ class Engine {
   void ReleasePagesLocked(Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ScrubOnReleaseLocked says whether r's pages are zeroed when it releases them next.
   bool ScrubOnReleaseLocked(Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // KernelTagViolation describes a failed in-kernel tag check of r's page `page_index`.
+  isolation::Violation KernelTagViolation(const Request* r, int32_t page_index) const;
   // Abort finishes `r` with kAborted after reporting `v`. Requires mu_.
   void AbortLocked(Request* r, const isolation::Violation& v) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Accept appends sampled token `token` to `r`; returns true if r is now finished.

@@ -195,7 +195,9 @@ void Embed(const std::vector<float>& table, int dim, const int* tokens, int rows
 }  // namespace
 
 absl::Status Model::Prefill(std::span<const int> tokens, std::span<const PageGrant> pages,
-                            KvPool& pool, float* logits, kernels::ThreadPool* tp) {
+                            KvPool& pool, float* logits, kernels::ThreadPool* tp,
+                            int32_t* tag_fault) {
+  if (tag_fault != nullptr) *tag_fault = -1;
   const ModelConfig& c = config_;
   const int T = static_cast<int>(tokens.size());
   const int P = pool.page_size();
@@ -243,7 +245,23 @@ absl::Status Model::Prefill(std::span<const int> tokens, std::span<const PageGra
   }
   const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd));
 
+  // The pages this prefill writes into: before each layer's writes, each must still carry
+  // its grant's tag (a page released or re-granted mid-step is never written into).
+  const int write_pages = (T + P - 1) / P;
+  auto pages_changed_hands = [&]() {
+    if (tag_fault == nullptr) return false;
+    for (int i = 0; i < write_pages; ++i) {
+      const PageGrant& g = pages[static_cast<size_t>(i)];
+      if (g.page < 0 || g.page >= pool.num_pages() ||
+          kernels::LoadPageTag(pool.table().tags(), g.page) != g.tag) {
+        *tag_fault = i;
+        return true;
+      }
+    }
+    return false;
+  };
   for (int l = 0; l < c.n_layers; ++l) {
+    if (pages_changed_hands()) return absl::OkStatus();
     const Layer& L = layers_[l];
     for (int t = 0; t < T; ++t) {
       kernels::RmsNorm(&s.x[size_t(t) * c.dim], L.attn_norm.data(), c.dim, c.norm_eps,

@@ -69,8 +69,13 @@ class Model {
   // write; the attention inside prefill reads the full-precision K and V), and writes the
   // logits of the last token to `logits` [vocab]. InvalidArgument if n is 0, exceeds
   // max_context or the pages' room, or a token is out of the vocabulary.
+  // With `tag_fault` set, every page's current tag is checked against its grant's before each
+  // layer writes into it (the isolation layer's defence in depth, as in Decode): on a mismatch
+  // *tag_fault receives the index into `pages` of the first bad page, nothing more is written,
+  // and the logits are meaningless; else it receives -1.
   absl::Status Prefill(std::span<const int> tokens, std::span<const PageGrant> pages, KvPool& pool,
-                       float* logits, kernels::ThreadPool* thread_pool);
+                       float* logits, kernels::ThreadPool* thread_pool,
+                       int32_t* tag_fault = nullptr);
 
   // DecodeItem is one sequence in a decode step: `token` at position `pos`, whose pages (in
   // token order) already hold positions 0 .. pos-1 and have room for pos.

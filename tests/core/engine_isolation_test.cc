@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/engine.h"
 #include "core/synthetic_model.h"
 #include "isolation/audit_sink.h"
@@ -119,6 +120,37 @@ TEST(EngineIsolationTest, ReleaseDuringStepIsCaughtBeforeTheReadAndAbortsOnlyTha
     }
     EXPECT_EQ(Violations(*h.sink).size(), fault ? 1u : 0u);
     ExpectPoolWhole(*h.engine);
+  }
+}
+
+// Prefill writes into its pages only while they still carry their grants' tags, whatever the
+// mode: an `off` tenant's page table is not verified, so this check is what keeps its prefill
+// from writing into a page that has gone to someone else (found writing the threat model).
+TEST(EngineIsolationTest, PrefillNeverWritesIntoAPageReleasedUnderIt) {
+  std::vector<std::vector<int>> alone;
+  for (const auto& p : kPrompts) alone.push_back(Alone(p, 6));
+  for (const Mode mode : {Mode::kOff, Mode::kEnforce}) {
+    for (const bool fault : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(isolation::ModeName(mode), fault ? " with the fault" : " twin"));
+      Harness h = Make(64, mode, /*check_accounting=*/!fault);
+      EngineFaults f;
+      if (fault) f.release_during_prefill = 2;
+      const std::vector<GenerationResult> r = RunThree(h, f, 6);
+      for (size_t i = 0; i < r.size(); ++i) {
+        if (fault && i == 1) {
+          EXPECT_EQ(r[i].reason, FinishReason::kAborted);
+          ASSERT_TRUE(r[i].violation.has_value());
+          EXPECT_EQ(r[i].violation->kind, ViolationKind::kKernelTagMismatch);
+          EXPECT_EQ(r[i].violation->page_index, 0);
+          EXPECT_TRUE(r[i].tokens.empty());
+        } else {
+          EXPECT_EQ(r[i].reason, FinishReason::kLength);
+          EXPECT_EQ(r[i].tokens, alone[i]) << kPrompts[i];
+        }
+      }
+      EXPECT_EQ(Violations(*h.sink).size(), fault ? 1u : 0u);
+      ExpectPoolWhole(*h.engine);
+    }
   }
 }
 

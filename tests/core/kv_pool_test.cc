@@ -54,6 +54,37 @@ TEST(KvPoolTest, ScalesMustBeFinitePositiveAndComplete) {
   EXPECT_TRUE(pool->SetFp8Scales(std::vector<float>(n, .5f), std::vector<float>(n, .25f)).ok());
 }
 
+// A new pool holds no bytes from before it existed (heap memory may hold an earlier pool's KV):
+// every page reads zero until someone writes it; its twin: a written token is not zero.
+TEST(KvPoolTest, NewPoolIsZeroedAndAWrittenTokenIsNot) {
+  const ModelConfig c = Tiny();
+  for (auto dtype :
+       {kernels::KvDtype::kFp32, kernels::KvDtype::kBf16, kernels::KvDtype::kFp8E4m3}) {
+    KvPoolOptions o;
+    o.budget_bytes = 1 << 20;
+    o.dtype = dtype;
+    auto pool = *KvPool::Create(c, o);
+    const kernels::PagedKvView view = pool->LayerView(0);
+    const uint8_t* base = static_cast<const uint8_t*>(view.k);
+    const size_t bytes = size_t(pool->num_pages()) * pool->page_bytes();
+    auto nonzero = [&] {
+      size_t n = 0;
+      for (size_t i = 0; i < bytes; ++i) n += base[i] != 0;
+      return n;
+    };
+    EXPECT_EQ(nonzero(), 0u) << kernels::KvDtypeName(dtype);
+    const size_t heads = size_t(c.n_layers) * c.n_kv_heads;
+    ASSERT_TRUE(
+        pool->SetFp8Scales(std::vector<float>(heads, 0.01f), std::vector<float>(heads, 0.01f))
+            .ok());
+    std::vector<PageGrant> pages;
+    ASSERT_TRUE(pool->table().GrantMany(Owner{0, 1}, 1, &pages).ok());
+    const std::vector<float> kv(size_t(c.kv_dim()), 0.5f);
+    pool->WriteToken(0, pages[0], 0, kv.data(), kv.data());
+    EXPECT_GT(nonzero(), 0u) << kernels::KvDtypeName(dtype);
+  }
+}
+
 // What WriteToken stores is what the attention kernel reads: one token written into a page
 // attends to itself with weight 1, so the output equals its (dequantised) V.
 TEST(KvPoolTest, WrittenTokenIsWhatAttentionReads) {
