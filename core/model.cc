@@ -252,8 +252,7 @@ absl::Status Model::Prefill(std::span<const int> tokens, std::span<const PageGra
     if (tag_fault == nullptr) return false;
     for (int i = 0; i < write_pages; ++i) {
       const PageGrant& g = pages[static_cast<size_t>(i)];
-      if (g.page < 0 || g.page >= pool.num_pages() ||
-          kernels::LoadPageTag(pool.table().tags(), g.page) != g.tag) {
+      if (!kernels::PageTagMatches(pool.table().tags(), pool.num_pages(), g.page, g.tag)) {
         *tag_fault = i;
         return true;
       }
@@ -346,8 +345,8 @@ absl::Status Model::Decode(std::span<const DecodeItem> items, KvPool& pool, floa
       // The page the new token goes into is checked before anything is written to it.
       const int32_t last = it.pos / P;
       const int32_t page = page_ids[b][static_cast<size_t>(last)];
-      if (page < 0 || page >= pool.num_pages() ||
-          kernels::LoadPageTag(pool.table().tags(), page) != it.pages[size_t(last)].tag) {
+      if (!kernels::PageTagMatches(pool.table().tags(), pool.num_pages(), page,
+                                   it.pages[size_t(last)].tag)) {
         fault[b] = last;
       }
     }
@@ -387,8 +386,8 @@ absl::Status Model::Decode(std::span<const DecodeItem> items, KvPool& pool, floa
         // Checked again in every layer, right before the write: a page that changed hands
         // during the step (only a broken allocator can do that) is never written into.
         const int32_t last = pos / P;
-        if (kernels::LoadPageTag(pool.table().tags(), page_ids[b][size_t(last)]) !=
-            items[b].pages[size_t(last)].tag) {
+        if (!kernels::PageTagMatches(pool.table().tags(), pool.num_pages(),
+                                     page_ids[b][size_t(last)], items[b].pages[size_t(last)].tag)) {
           fault[b] = last;
           continue;
         }

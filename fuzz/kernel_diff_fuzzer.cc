@@ -5,7 +5,9 @@
 //   FP8 and BF16 codecs   bit-exact (the format defines one right answer)
 //   INT4 matmul           |err| <= 1e-5 * sum|w x| + sum|w| * max|x| / 254 (per-block int8
 //                         activation rounding), on finite inputs
-//   paged attention       |err| <= 2e-5 * max|V| (FP32 online softmax vs FP64 two-pass)
+//   paged attention       |err| <= 2e-5 * max|V| (FP32 online softmax vs FP64 two-pass), head
+//                         dims 16..128, NaN in every slot past the length (never loaded), and
+//                         the in-kernel tag check on half the inputs (same verdict on both)
 // A mismatch prints the case and aborts.
 #include <fuzzer/FuzzedDataProvider.h>
 
@@ -15,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -119,7 +122,8 @@ void Int4MatMul(FuzzedDataProvider& in, ThreadPool* pool) {
 
 void Attention(FuzzedDataProvider& in, ThreadPool* pool) {
   const KvDtype dtype = static_cast<KvDtype>(in.ConsumeIntegralInRange(0, 2));
-  const int head_dim = in.ConsumeBool() ? 64 : 128;
+  static constexpr int kHeadDims[] = {16, 32, 48, 64, 128};  // 64 and 128 are the tuned ones
+  const int head_dim = kHeadDims[in.ConsumeIntegralInRange(0, 4)];
   const int page = in.ConsumeIntegralInRange(1, 16);
   const int kv_heads = in.ConsumeIntegralInRange(1, 2);
   const int heads = kv_heads * in.ConsumeIntegralInRange(1, 4);
@@ -173,6 +177,19 @@ void Attention(FuzzedDataProvider& in, ThreadPool* pool) {
   for (size_t i = table.size(); i > 1; --i) {
     std::swap(table[i - 1], table[in.ConsumeIntegralInRange<size_t>(0, i - 1)]);
   }
+  // Slots past the request's length hold NaN, as stale bytes may: neither kernel may load them.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const int used = (length + page - 1) / page;
+  for (int t = length; t < used * page; ++t) {
+    const size_t base = size_t(table[size_t(t / page)]) * size_t(kv.page_stride);
+    for (int h = 0; h < kv_heads; ++h) {
+      const size_t head = base + size_t(h) * size_t(kv.head_stride);
+      for (int d = 0; d < head_dim; ++d) {
+        StoreKvElement(dtype, nan, scale, kbuf.data(), head + size_t(d) * page + t % page);
+        StoreKvElement(dtype, nan, scale, vbuf.data(), head + size_t(t % page) * head_dim + d);
+      }
+    }
+  }
   std::vector<float> q(size_t(heads) * head_dim);
   for (float& f : q) f = next();
   std::vector<float> got(q.size()), want(q.size());
@@ -183,9 +200,26 @@ void Attention(FuzzedDataProvider& in, ThreadPool* pool) {
   dg.out = got.data();
   DecodeQuery dw = dg;
   dw.out = want.data();
+  // Half the inputs run the in-kernel tag check, with every tag right or one of them wrong:
+  // both kernels must name the same page and write nothing else.
+  std::vector<PageTag> tags(static_cast<size_t>(pages)), expected(static_cast<size_t>(used));
+  int32_t fault_got = -2, fault_want = -2;
+  const bool tagged = in.ConsumeBool();
+  if (tagged) {
+    for (int p = 0; p < pages; ++p)
+      tags[size_t(p)] = PageTag{uint64_t(seed) * 2654435761u + 1, uint64_t(p) + 1};
+    for (int i = 0; i < used; ++i) expected[size_t(i)] = tags[size_t(table[size_t(i)])];
+    if (in.ConsumeBool()) expected[in.ConsumeIntegralInRange<size_t>(0, size_t(used) - 1)].hi ^= 1;
+    kv.page_tags = tags.data();
+    kv.num_pages = pages;
+    dg.expected_tags = dw.expected_tags = expected.data();
+    dg.tag_fault = &fault_got;
+    dw.tag_fault = &fault_want;
+  }
   const float softmax_scale = 1.0f / std::sqrt(float(head_dim));
   PagedDecodeAttention(kv, heads, softmax_scale, &dg, 1, pool);
   ref::PagedDecodeAttention(kv, heads, softmax_scale, &dw, 1, nullptr);
+  if (fault_got != fault_want) Mismatch("tag check fault index", 0, fault_got, fault_want, 0);
   const double tol = 2e-5 * max_v + 1e-30;
   for (size_t i = 0; i < got.size(); ++i) {
     if (!(std::fabs(double{got[i]} - double{want[i]}) <= tol)) {

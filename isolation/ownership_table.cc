@@ -1,5 +1,6 @@
 #include "isolation/ownership_table.h"
 
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -43,6 +44,11 @@ absl::Status OwnershipTable::GrantMany(const Owner& owner, int count, std::vecto
         absl::StrCat("KV pool: ", count, " pages wanted, ", free_.size(), " free"));
   }
   const size_t first = out->size();
+#if KVGUARD_FAULT_INJECTION
+  // The grant_owned_page fault's page did not come off the free list: an undo restores it.
+  size_t faulty_index = SIZE_MAX;
+  Page faulty_before;
+#endif
   for (int i = 0; i < count; ++i) {
     int32_t p = free_.back();
 #if KVGUARD_FAULT_INJECTION
@@ -50,6 +56,8 @@ absl::Status OwnershipTable::GrantMany(const Owner& owner, int count, std::vecto
       for (size_t q = 0; q < pages_.size(); ++q) {
         if (pages_[q].state == PageState::kOwned && !(pages_[q].owner == owner)) {
           p = static_cast<int32_t>(q);
+          faulty_index = out->size();
+          faulty_before = pages_[q];
           faults_.grant_owned_page = false;  // fires once, when another session owns a page
           break;
         }
@@ -68,6 +76,13 @@ absl::Status OwnershipTable::GrantMany(const Owner& owner, int count, std::vecto
       for (size_t j = out->size(); j > first; --j) {
         const PageGrant& g = (*out)[j - 1];
         Page& undo = pages_[static_cast<size_t>(g.page)];
+#if KVGUARD_FAULT_INJECTION
+        if (j - 1 == faulty_index) {
+          undo = faulty_before;
+          SetTagLocked(g.page, faulty_before.tag);
+          continue;
+        }
+#endif
         undo.state = PageState::kFree;
         undo.owner = Owner{};
         ++undo.generation;

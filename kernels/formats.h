@@ -318,6 +318,22 @@ inline PageTag LoadPageTag(const PageTag* tags, int32_t page) {
   return t;
 }
 
+// TagMatches is the kernels' tag check of one page: its current tag equals the expected one,
+// and the expected one is not zero. Zero is the tag of a page nobody owns (a freed page
+// carries it; TagKeyRing::Derive never returns it), so an entry expecting zero must never
+// match a free page. Every read and write check uses this one function. Host only.
+inline bool TagMatches(const PageTag& current, const PageTag& expected) {
+  return ((current.lo ^ expected.lo) | (current.hi ^ expected.hi)) == 0 &&
+         (expected.lo | expected.hi) != 0;
+}
+
+// PageTagMatches checks page `page` of a pool of `num_pages` against `expected`: in range and
+// TagMatches.
+inline bool PageTagMatches(const PageTag* tags, int32_t num_pages, int32_t page,
+                           const PageTag& expected) {
+  return page >= 0 && page < num_pages && TagMatches(LoadPageTag(tags, page), expected);
+}
+
 // FirstTagFault returns -1 when the query needs no check (no tags on either side) or every
 // page of it is inside the pool and carries its expected tag, else the index into page_table
 // of the first that is not. Not constant time: tags are compared after the verifier already
@@ -326,13 +342,7 @@ inline int32_t FirstTagFault(const PagedKvView& kv, const DecodeQuery& q) {
   if (kv.page_tags == nullptr || q.expected_tags == nullptr) return -1;
   const int32_t pages = (q.length + kv.page_size - 1) / kv.page_size;
   for (int32_t i = 0; i < pages; ++i) {
-    const int32_t page = q.page_table[i];
-    if (page < 0 || page >= kv.num_pages) return i;
-    const PageTag t = LoadPageTag(kv.page_tags, page);
-    const PageTag& e = q.expected_tags[i];
-    // An expected tag of zero is never a grant's (TagKeyRing::Derive avoids it): zero is the
-    // tag of a page nobody owns, so a zero-tag page table entry must not match a free page.
-    if ((t.lo ^ e.lo) | (t.hi ^ e.hi) | ((e.lo | e.hi) == 0)) return i;
+    if (!PageTagMatches(kv.page_tags, kv.num_pages, q.page_table[i], q.expected_tags[i])) return i;
   }
   return -1;
 }

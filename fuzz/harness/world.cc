@@ -136,6 +136,12 @@ World::World(const WorldOptions& options) : options_(options) {
     planted.skip_scrub = true;
   } else if (options.planted == "skip_last_page_verify") {
     planted.skip_last_grant = true;
+  } else if (options.planted == "copy_pin_ignored") {
+    planted.ignore_copy_pins = true;
+  } else if (options.planted == "stale_release_accepted") {
+    planted.accept_stale_release = true;
+  } else if (options.planted == "page_granted_twice") {
+    planted.grant_owned_page = true;  // fires once per world, when another session owns a page
   } else if (options.planted == "handover_after_cancel") {
     planted_session_.handover_cancelled = true;  // every request's lifecycle carries it
   } else if (!options.planted.empty()) {

@@ -9,8 +9,9 @@
 //
 // The oracles (a violated one prints its name and the detail, then aborts, which libFuzzer
 // reports as a crash; with KVGUARD_FUZZ_TRACE=1 every action is printed as it happens):
-//   read-let-through     a page read after verification and the kernel's tag check passed is
-//                        not the reader's current page, or holds bytes the reader did not write
+//   access-let-through   a page read or written after verification and the kernel's tag check
+//                        passed is not the requester's current page, or a read finds bytes the
+//                        reader did not write
 //   legit-read-rejected  verification (or the kernel check) refused a page table the shadow
 //                        says is entirely the requester's
 //   release-outcome      a release was accepted that the shadow says must be refused, or the
@@ -26,8 +27,9 @@
 //                        handed over to decode)
 //   accounting           the table's own accounting check failed, or its free / limbo / used
 //                        counts differ from the shadow's
-//   copy-outcome, key-retire, admission: the copy-end verdict, a key retired while pages it
-//                        tagged are held, a quarantined tenant admitted
+//   copy-outcome, key-retire, admission, mode, grant: the copy verdicts, a key retired while
+//                        pages it tagged are held, a quarantined tenant admitted, a mode read
+//                        that is not the one set, a grant failing other than for a dry pool
 //
 // Injected faults are misbehaving callers (a release mid-step, a double release, a stale or
 // forged page table, another session's release, a cancelled handover): the isolation layer
@@ -55,7 +57,8 @@ struct WorldOptions {
   int max_requests = 16;  // requests opened over the world's life (ids 1..)
   // A planted bug (fuzz/README.md) switched on in the real code for the world's life: one of
   // no_epoch_pin, no_generation_bump, release_without_owner_check, unscrubbed_reuse,
-  // skip_last_page_verify, handover_after_cancel; "" for none.
+  // skip_last_page_verify, handover_after_cancel, copy_pin_ignored, stale_release_accepted,
+  // page_granted_twice; "" for none.
   std::string planted;
 };
 
