@@ -11,8 +11,9 @@ when:
       fuzz:name                   fuzz/<name>_fuzzer.cc, declared in fuzz/CMakeLists.txt
       planted:bug                 a planted bug of fuzz/CMakeLists.txt and scripts/fuzz-campaign
       regression:path             a saved reproducer file
-  * a threat has no evidence, an id repeats, or THREAT_MODEL.md and the table disagree on
-    which threat ids exist.
+  * a threat has no evidence, an id repeats, a row has extra fields, an attacker is not one of
+    A1..A7 or a property not one of P1..P7 (THREAT_MODEL.md sections 1 and 3), or
+    THREAT_MODEL.md and the table disagree on which threat ids exist.
   python3 threat-model/check_traceability.py [--root DIR]
 """
 import argparse
@@ -61,6 +62,14 @@ def check(root):
         for field in ("id", "threat", "attacker", "property", "mitigation", "evidence"):
             if not (row.get(field) or "").strip():
                 problems.append(f"{where}: empty {field}")
+        if row.get(None):
+            problems.append(f"{where}: extra fields {row[None]} (quote fields with commas)")
+        for a in filter(None, (x.strip() for x in (row.get("attacker") or "").split(";"))):
+            if not re.fullmatch(r"A[1-7]", a):
+                problems.append(f"{where}: attacker {a} is not one of A1..A7")
+        for prop in filter(None, (x.strip() for x in (row.get("property") or "").split(";"))):
+            if not re.fullmatch(r"P[1-7]", prop):
+                problems.append(f"{where}: property {prop} is not one of P1..P7")
         for item in filter(None, (x.strip() for x in (row.get("mitigation") or "").split(";"))):
             path, _, symbol = item.partition("::")
             file = root / path

@@ -125,26 +125,35 @@ World::World(const WorldOptions& options) : options_(options) {
       isolation::Guard::Create(go, &pool_->table(), keys_);
   if (!guard.ok()) std::abort();
   guard_ = std::move(*guard);
+  // Planted bugs (fuzz/README.md): each switches on one fault hook of the real code.
+  struct TableBug {
+    const char* name;
+    bool isolation::TableFaults::*flag;
+  };
+  static constexpr TableBug kTableBugs[] = {
+      {"no_epoch_pin", &isolation::TableFaults::ignore_epoch},
+      {"no_generation_bump", &isolation::TableFaults::skip_generation_bump},
+      {"release_without_owner_check", &isolation::TableFaults::release_without_owner_check},
+      {"unscrubbed_reuse", &isolation::TableFaults::skip_scrub},
+      {"skip_last_page_verify", &isolation::TableFaults::skip_last_grant},
+      {"copy_pin_ignored", &isolation::TableFaults::ignore_copy_pins},
+      {"stale_release_accepted", &isolation::TableFaults::accept_stale_release},
+      // fires once per world, when another session owns a page
+      {"page_granted_twice", &isolation::TableFaults::grant_owned_page},
+  };
   isolation::TableFaults planted;
-  if (options.planted == "no_epoch_pin") {
-    planted.ignore_epoch = true;
-  } else if (options.planted == "no_generation_bump") {
-    planted.skip_generation_bump = true;
-  } else if (options.planted == "release_without_owner_check") {
-    planted.release_without_owner_check = true;
-  } else if (options.planted == "unscrubbed_reuse") {
-    planted.skip_scrub = true;
-  } else if (options.planted == "skip_last_page_verify") {
-    planted.skip_last_grant = true;
-  } else if (options.planted == "copy_pin_ignored") {
-    planted.ignore_copy_pins = true;
-  } else if (options.planted == "stale_release_accepted") {
-    planted.accept_stale_release = true;
-  } else if (options.planted == "page_granted_twice") {
-    planted.grant_owned_page = true;  // fires once per world, when another session owns a page
-  } else if (options.planted == "handover_after_cancel") {
+  bool known = options.planted.empty();
+  for (const TableBug& bug : kTableBugs) {
+    if (options.planted == bug.name) {
+      planted.*bug.flag = true;
+      known = true;
+    }
+  }
+  if (options.planted == "handover_after_cancel") {
     planted_session_.handover_cancelled = true;  // every request's lifecycle carries it
-  } else if (!options.planted.empty()) {
+    known = true;
+  }
+  if (!known) {
     std::fprintf(stderr, "fuzz world: unknown planted bug '%s'\n", options.planted.c_str());
     std::abort();
   }
