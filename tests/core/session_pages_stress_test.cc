@@ -58,17 +58,16 @@ TEST(SessionPagesStressTest, ConcurrentLifecyclesNeverSeeAForeignPage) {
       const Owner owner{tenant, static_cast<uint64_t>(w) * 100000 + static_cast<uint64_t>(i) + 1};
       SessionPages pages(&pool->table(), owner, kPage);
       const int prompt = 1 + static_cast<int>(rng() % 9);
-      if (!pages.GrantFor(prompt).ok()) {
-        std::this_thread::yield();
-        continue;
-      }
+      // At most 4 workers x 4 pages are held at once out of 24: a dry pool is transient
+      // (pages waiting out another worker's pin), so every request gets its pages in the end.
+      while (!pages.GrantFor(prompt).ok()) std::this_thread::yield();
       bool ever_strict = false;
       const int total = prompt + 1 + static_cast<int>(rng() % 6);
       bool ok = true;
       for (int pos = 0; pos < total && ok; ++pos) {
         if (pos >= prompt) {
           pages.set_kv_len(pos);
-          if (!pages.GrowForNextToken().ok()) break;  // pool dry: finish early
+          while (!pages.GrowForNextToken().ok()) std::this_thread::yield();
         }
         isolation::OwnershipTable::StepPin pin = pool->table().PinStep();
         const Mode mode = guard->mode(owner.tenant);
@@ -134,7 +133,7 @@ TEST(SessionPagesStressTest, ConcurrentLifecyclesNeverSeeAForeignPage) {
   r.join();
   m.join();
   EXPECT_EQ(failures.load(), 0);
-  EXPECT_GT(completed.load(), kWorkers * kRequestsEach / 2);  // most found pages
+  EXPECT_EQ(completed.load(), kWorkers * kRequestsEach);
   EXPECT_TRUE(pool->table().CheckAccounting().ok());
   EXPECT_EQ(pool->table().free_pages(), pool->table().num_pages());
   EXPECT_EQ(guard->stats().violations, 0);
