@@ -32,20 +32,12 @@
 #include <vector>
 
 #include "absl/base/internal/raw_logging.h"
+#include "kernels/cpu/internal/attention_task.h"
 #include "kernels/formats.h"
 
 #ifndef KVGUARD_KERNELS_CPU_ATTENTION_CC_ONCE_
 #define KVGUARD_KERNELS_CPU_ATTENTION_CC_ONCE_
 namespace kvguard::kernels::attention_internal {
-
-// Task is one (request, kv head) item, or one page-aligned token range of it (split-K).
-struct Task {
-  int query = 0;
-  int kv_head = 0;
-  int token_begin = 0;  // a multiple of page_size
-  int token_end = 0;    // exclusive, <= the request's length
-  int partial = -1;     // partial-state slot to write, or -1: write the output rows directly
-};
 
 // SplitItem is an item whose token range was split over partial-state slots
 // [first_partial, first_partial + num_parts).
@@ -65,34 +57,25 @@ struct Plan {
 // Below this many tokens per piece, merging partial states costs more than the balance gains.
 constexpr int64_t kMinSplitTokens = 256;
 
-// PartialFloats returns the size of one partial state: [group] running max, [group] running
-// sum, [group, head_dim] unnormalised accumulator.
-inline size_t PartialFloats(int group, int head_dim) {
-  return static_cast<size_t>(group) * static_cast<size_t>(head_dim + 2);
-}
-
-// VFactor returns what the accumulator is multiplied by (before dividing by the sum): the V
-// scale times 2^8 for FP8 (see the dequantisation note at the top), else 1.
-inline float VFactor(const PagedKvView& kv, int kv_head) {
-  return kv.dtype == KvDtype::kFp8E4m3 ? kv.v_scale[kv_head] * 256.0f : 1.0f;
-}
-
-// MakePlan splits the work over `threads` threads. Items are (request, kv head); with more
-// than one thread, any item longer than a fair share of the total (total tokens / 2 threads,
-// at least kMinSplitTokens) is cut into page-aligned pieces, FlashDecoding's split-K. With
-// many equal items nothing is split; with few long items (fewer than 2 per thread), each is
-// cut so that every thread gets about two pieces. Longest tasks go first, as threads pull
-// tasks dynamically.
+// MakePlan splits the work over `threads` threads. Items are (request, kv head), or whole
+// requests with `all_heads` (the BF16 dot-product kernel's tasks); with more than one thread,
+// any item longer than a fair share of the total (total work / 2 threads, at least
+// kMinSplitTokens) is cut into page-aligned pieces, FlashDecoding's split-K. With many equal
+// items nothing is split; with few long items (fewer than 2 per thread), each is cut so that
+// every thread gets about two pieces. Longest tasks go first, as threads pull tasks
+// dynamically. A split request's partial slots are [first, first + heads * parts): kv head g,
+// piece i at first + g * parts + i.
 inline Plan MakePlan(const PagedKvView& kv, const DecodeQuery* queries, int num_queries,
-                     int threads) {
+                     int threads, bool all_heads) {
   Plan plan;
   const int64_t page = kv.page_size;
+  const int heads_per_item = all_heads ? kv.num_kv_heads : 1;
   int64_t total = 0;
   for (int r = 0; r < num_queries; ++r) total += queries[r].length;
   total *= kv.num_kv_heads;
-  int64_t piece = INT64_MAX;
+  int64_t piece = INT64_MAX;  // tokens
   if (threads > 1) {
-    piece = std::max(kMinSplitTokens, (total + 2 * threads - 1) / (2 * threads));
+    piece = std::max(kMinSplitTokens, (total + 2 * threads - 1) / (2 * threads) / heads_per_item);
     piece = (piece + page - 1) / page * page;
   }
   plan.tasks.reserve(static_cast<size_t>(num_queries) * static_cast<size_t>(kv.num_kv_heads));
@@ -104,18 +87,21 @@ inline Plan MakePlan(const PagedKvView& kv, const DecodeQuery* queries, int num_
       per = ((length + parts - 1) / parts + page - 1) / page * page;
       parts = (length + per - 1) / per;
     }
-    for (int g = 0; g < kv.num_kv_heads; ++g) {
+    for (int g = 0; g < kv.num_kv_heads; g += heads_per_item) {
       if (parts <= 1) {
-        plan.tasks.push_back({r, g, 0, static_cast<int>(length), -1});
+        plan.tasks.push_back({r, g, heads_per_item, 0, static_cast<int>(length), -1, 0});
         continue;
       }
-      plan.splits.push_back({r, g, plan.num_partials, static_cast<int>(parts)});
-      for (int64_t i = 0; i < parts; ++i) {
-        plan.tasks.push_back({r, g, static_cast<int>(i * per),
-                              static_cast<int>(std::min(length, (i + 1) * per)),
-                              plan.num_partials + static_cast<int>(i)});
+      for (int h = 0; h < heads_per_item; ++h) {
+        plan.splits.push_back(
+            {r, g + h, plan.num_partials + h * static_cast<int>(parts), static_cast<int>(parts)});
       }
-      plan.num_partials += static_cast<int>(parts);
+      for (int64_t i = 0; i < parts; ++i) {
+        plan.tasks.push_back({r, g, heads_per_item, static_cast<int>(i * per),
+                              static_cast<int>(std::min(length, (i + 1) * per)),
+                              plan.num_partials + static_cast<int>(i), static_cast<int>(parts)});
+      }
+      plan.num_partials += heads_per_item * static_cast<int>(parts);
     }
   }
   std::stable_sort(plan.tasks.begin(), plan.tasks.end(), [](const Task& a, const Task& b) {
@@ -415,29 +401,6 @@ void SoftmaxUpdate(float* HWY_RESTRICT scores, size_t count, float* max, float* 
   *max = new_max;
 }
 
-// GatherK copies the valid tokens of K pages[i] (counts[i] of page_size columns in each of dim
-// rows) side by side into dst [dim, width], width = RoundUp(sum of counts, Lanes), zero-padded.
-// Exactly the valid elements are read. Returns width.
-template <class T>
-size_t GatherK(const T* const* pages, const int* counts, int num_pages, int page_size, int dim,
-               T* HWY_RESTRICT dst) {
-  const size_t lanes = hn::Lanes(DF());
-  size_t total = 0;
-  for (int i = 0; i < num_pages; ++i) total += static_cast<size_t>(counts[i]);
-  const size_t width = (total + lanes - 1) / lanes * lanes;
-  for (int d = 0; d < dim; ++d) {
-    T* HWY_RESTRICT row = dst + static_cast<size_t>(d) * width;
-    size_t col = 0;
-    for (int i = 0; i < num_pages; ++i) {
-      std::memcpy(row + col, pages[i] + static_cast<size_t>(d) * page_size,
-                  static_cast<size_t>(counts[i]) * sizeof(T));
-      col += static_cast<size_t>(counts[i]);
-    }
-    std::memset(static_cast<void*>(row + col), 0, (width - col) * sizeof(T));
-  }
-  return width;
-}
-
 // PrefetchToL2 asks for the cache line holding `p` (never faults). Inline asm on x86: GCC deletes
 // loops that contain nothing but __builtin_prefetch.
 HWY_INLINE void PrefetchToL2(const char* p) {
@@ -550,7 +513,9 @@ void AttendTask(const PagedKvView& kv, int group, float softmax_scale, const Dec
           ScoresTiles<T>(group, s.qs.data(), dim, k_pages[i], static_cast<size_t>(page_size),
                          page_size / lanes, s.scores.data() + col, score_stride);
         } else {  // the request's last, partial page
-          const size_t width = GatherK<T>(k_pages + i, &counts[i], 1, page_size, dim, kbuf);
+          const size_t width =
+              attention_internal::GatherK(reinterpret_cast<const void* const*>(k_pages + i),
+                                          &counts[i], 1, page_size, dim, sizeof(T), lanes, kbuf);
           ScoresTiles<T>(group, s.qs.data(), dim, kbuf, width, width / lanes, s.scores.data() + col,
                          score_stride);
         }
@@ -558,7 +523,9 @@ void AttendTask(const PagedKvView& kv, int group, float softmax_scale, const Dec
       }
     } else {  // pages narrower than (or not a multiple of) a vector: gather the whole block
       for (int i = 0; i < num_pages; ++i) prefetch(block + i + ahead);
-      const size_t width = GatherK<T>(k_pages, counts, num_pages, page_size, dim, kbuf);
+      const size_t width =
+          attention_internal::GatherK(reinterpret_cast<const void* const*>(k_pages), counts,
+                                      num_pages, page_size, dim, sizeof(T), lanes, kbuf);
       ScoresTiles<T>(group, s.qs.data(), dim, kbuf, width, width / lanes, s.scores.data(),
                      score_stride);
     }
@@ -590,20 +557,9 @@ void AttendTask(const PagedKvView& kv, int group, float softmax_scale, const Dec
 template <class T>
 void RunTasksT(const PagedKvView& kv, int group, float softmax_scale, const DecodeQuery* queries,
                const Task* tasks, size_t num_tasks, float* partials, ThreadPool* pool) {
-  // Threads pull tasks one at a time: requests of different lengths balance themselves.
-  std::atomic<size_t> next{0};
-  const std::function<void(int64_t, int64_t)> worker = [&](int64_t, int64_t) {
-    for (size_t i = next.fetch_add(1, std::memory_order_relaxed); i < num_tasks;
-         i = next.fetch_add(1, std::memory_order_relaxed)) {
-      AttendTask<T>(kv, group, softmax_scale, queries[tasks[i].query], tasks[i], partials);
-    }
-  };
-  const int threads = pool == nullptr ? 1 : pool->size();
-  if (threads > 1 && num_tasks > 1) {
-    pool->ParallelFor(std::min<int64_t>(threads, static_cast<int64_t>(num_tasks)), 1, worker);
-  } else {
-    worker(0, 1);
-  }
+  attention_internal::RunTaskList(num_tasks, pool, [&](size_t i) {
+    AttendTask<T>(kv, group, softmax_scale, queries[tasks[i].query], tasks[i], partials);
+  });
 }
 
 }  // namespace
@@ -623,6 +579,11 @@ void RunTasks(const PagedKvView& kv, int group, float softmax_scale, const Decod
   }
 }
 
+// DispatchesToAvx3Dl returns whether runtime dispatch (ForceTarget included) picked AVX3_DL: a
+// cached table lookup, unlike hwy::SupportedTargets(), whose CPUID traps to the hypervisor in a
+// VM (measured: ~20 us per call here).
+bool DispatchesToAvx3Dl() { return HWY_TARGET == HWY_AVX3_DL; }
+
 }  // namespace HWY_NAMESPACE
 }  // namespace kvguard::kernels
 HWY_AFTER_NAMESPACE();
@@ -631,6 +592,38 @@ HWY_AFTER_NAMESPACE();
 namespace kvguard::kernels {
 
 HWY_EXPORT(RunTasks);
+HWY_EXPORT(DispatchesToAvx3Dl);
+
+namespace attention_internal {
+
+void RunTaskList(size_t n, ThreadPool* pool, const std::function<void(size_t)>& fn) {
+  std::atomic<size_t> next{0};
+  const std::function<void(int64_t, int64_t)> worker = [&](int64_t, int64_t) {
+    for (size_t i = next.fetch_add(1, std::memory_order_relaxed); i < n;
+         i = next.fetch_add(1, std::memory_order_relaxed)) {
+      fn(i);
+    }
+  };
+  const int threads = pool == nullptr ? 1 : pool->size();
+  if (threads > 1 && n > 1) {
+    pool->ParallelFor(std::min<int64_t>(threads, static_cast<int64_t>(n)), 1, worker);
+  } else {
+    worker(0, 1);
+  }
+}
+
+// UsesBf16Dot: the BF16 dot-product kernel runs where runtime dispatch would pick AVX3_DL (so
+// that ForceTarget steers it in tests) and the CPU has AVX-512 BF16, for the shapes it takes.
+bool UsesBf16Dot(const PagedKvView& kv) {
+  return Bf16DotTakes(kv) && HWY_DYNAMIC_DISPATCH(DispatchesToAvx3Dl)() && Bf16DotSupported();
+}
+
+}  // namespace attention_internal
+
+AttentionArithmetic PagedAttentionArithmetic(const PagedKvView& kv) {
+  return attention_internal::UsesBf16Dot(kv) ? AttentionArithmetic::kBf16Products
+                                             : AttentionArithmetic::kFp32;
+}
 
 void PagedDecodeAttention(const PagedKvView& kv, int num_heads, float softmax_scale,
                           const DecodeQuery* all_queries, int num_all, ThreadPool* pool) {
@@ -666,12 +659,22 @@ void PagedDecodeAttention(const PagedKvView& kv, int num_heads, float softmax_sc
   if (num_queries == 0) return;
 
   const int group = num_heads / kv.num_kv_heads;
-  const attention_internal::Plan plan =
-      attention_internal::MakePlan(kv, queries, num_queries, pool == nullptr ? 1 : pool->size());
+  const bool bf16_dot = attention_internal::UsesBf16Dot(kv);
+  const attention_internal::Plan plan = attention_internal::MakePlan(
+      kv, queries, num_queries, pool == nullptr ? 1 : pool->size(), bf16_dot);
   std::vector<float> partials(static_cast<size_t>(plan.num_partials) *
                               attention_internal::PartialFloats(group, kv.head_dim));
-  HWY_DYNAMIC_DISPATCH(RunTasks)
-  (kv, group, softmax_scale, queries, plan.tasks.data(), plan.tasks.size(), partials.data(), pool);
+  if (bf16_dot) {
+    attention_internal::RunTaskList(plan.tasks.size(), pool, [&](size_t i) {
+      const attention_internal::Task& task = plan.tasks[i];
+      attention_internal::AttendTaskBf16Dot(kv, group, softmax_scale, queries[task.query], task,
+                                            partials.data());
+    });
+  } else {
+    HWY_DYNAMIC_DISPATCH(RunTasks)
+    (kv, group, softmax_scale, queries, plan.tasks.data(), plan.tasks.size(), partials.data(),
+     pool);
+  }
   for (const attention_internal::SplitItem& item : plan.splits) {
     attention_internal::MergeSplit(
         item, partials.data(), group, kv.head_dim, attention_internal::VFactor(kv, item.kv_head),

@@ -131,5 +131,42 @@ void PagedDecodeAttention(const PagedKvView& kv, int num_heads, float softmax_sc
   }
 }
 
+double Bf16ProductsErrorBound(const PagedKvView& kv, int num_heads, float softmax_scale,
+                              const DecodeQuery& query, int head) {
+  const int group = num_heads / kv.num_kv_heads;
+  const int g = head / group;
+  const int dim = kv.head_dim;
+  const int page = kv.page_size;
+  const bool fp8 = kv.dtype == KvDtype::kFp8E4m3;
+  const float k_scale = fp8 ? kv.k_scale[g] : 1.0f;
+  const float v_scale = fp8 ? kv.v_scale[g] : 1.0f;
+  const float* q = query.q + static_cast<int64_t>(head) * dim;
+  double sum_q = 0.0;
+  for (int d = 0; d < dim; ++d) sum_q += std::fabs(static_cast<double>(q[d]));
+  double delta = 0.0, max_v = 0.0;
+  for (int t = 0; t < query.length; ++t) {
+    const int64_t base = static_cast<int64_t>(query.page_table[t / page]) * kv.page_stride +
+                         static_cast<int64_t>(g) * kv.head_stride;
+    double sum = 0.0;
+    for (int d = 0; d < dim; ++d) {
+      sum +=
+          std::fabs(static_cast<double>(q[d]) *
+                    Element(kv, kv.k, base + static_cast<int64_t>(d) * page + t % page, k_scale));
+      max_v = std::max(
+          max_v,
+          std::fabs(Element(kv, kv.v, base + static_cast<int64_t>(t % page) * dim + d, v_scale)));
+    }
+    // 2^-9: q's rounding to BF16; 2^-20: FP32 rounding of q * scale and of the sums (generous).
+    double score_error = sum * (0x1p-9 + 0x1p-20);
+    if (fp8) score_error += sum_q * 0x1p-6 * k_scale;  // subnormal K codes read as zero
+    delta = std::max(delta, score_error * static_cast<double>(softmax_scale));
+  }
+  // Each weight moves by a factor within e^(+-2 delta) from the scores, and by 2^-8 (1 + 2^-8)
+  // relative from rounding the probabilities and normalising by their own sum; the weights
+  // sum to 1. FP8 V's subnormal codes, read as zero, are below 2^-6 v_scale.
+  return max_v * (std::expm1(2.0 * delta) + 0x1p-8 * (1.0 + 0x1p-8)) +
+         (fp8 ? 0x1p-6 * static_cast<double>(v_scale) : 0.0);
+}
+
 }  // namespace ref
 }  // namespace kvguard::kernels

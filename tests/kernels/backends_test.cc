@@ -15,6 +15,9 @@
 //                  the FP32 accumulation term above.
 //   kAttention     paged attention: same dequantised K/V on both sides; online softmax with a
 //                  polynomial exp in FP32 vs a two-pass FP64 softmax: |err| <= 2e-5 * max|V|.
+//   kAttentionBf16Products  the same where the dispatched kernel rounds q and the
+//                  probabilities to BF16 (AttentionArithmetic::kBf16Products, attention.h):
+//                  kAttention plus ref::Bf16ProductsErrorBound, derived there from the data.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -201,7 +204,16 @@ std::string AttentionCase(KvDtype dtype, int head_dim) {
   for (size_t i = 0; i < elems; ++i) {
     max_v = std::max(max_v, std::fabs(double{LoadKvElement(dtype, vbuf.data(), i, scale)}));
   }
-  return CompareWithin(got, want, std::vector<double>(got.size(), 2e-5 * max_v));
+  std::vector<double> tol(got.size(), 2e-5 * max_v);
+  if (PagedAttentionArithmetic(kv) == AttentionArithmetic::kBf16Products) {
+    for (size_t r = 0; r < lengths.size(); ++r) {
+      for (int h = 0; h < heads; ++h) {
+        const double bound = ref::Bf16ProductsErrorBound(kv, heads, softmax_scale, qs_got[r], h);
+        for (int d = 0; d < head_dim; ++d) tol[(r * heads + h) * head_dim + d] += bound;
+      }
+    }
+  }
+  return CompareWithin(got, want, tol);
 }
 
 // ---- small ops ----------------------------------------------------------------------------
@@ -274,7 +286,8 @@ std::vector<BackendCase> Cases() {
   for (const auto& [name, dtype] : dtypes) {
     for (int head_dim : {16, 32, 64, 128}) {
       cases.push_back({std::string("attention_") + name + "_d" + std::to_string(head_dim),
-                       "kAttention", [d = dtype, head_dim] { return AttentionCase(d, head_dim); }});
+                       "kAttention (kAttentionBf16Products where the kernel uses them)",
+                       [d = dtype, head_dim] { return AttentionCase(d, head_dim); }});
     }
   }
   return cases;
