@@ -31,14 +31,20 @@ namespace {
 constexpr size_t kArrayBytes = size_t{1} << 30;  // 1 GiB: far beyond any cache
 constexpr size_t kFloats = kArrayBytes / sizeof(float);
 
-// Eight independent 32-byte accumulators: enough loads in flight to saturate DRAM on any x86
-// core without depending on the compiler's auto-vectoriser or on AVX-512.
+// Eight independent 32-byte accumulators: enough loads in flight to saturate DRAM. The loop is
+// compiled for AVX2 where the CPU has it (one 32-byte load per accumulator step): the generic
+// vector code, built for baseline x86-64, issues two 16-byte loads per step and measured 20-30%
+// below what a core streams here (19-26 vs 29-31 GB/s on one Zen 4 core), which would flatter
+// every ratio judged against it. No software prefetch: STREAM's convention.
 using V8 = float __attribute__((vector_size(32)));
 
-float SumSlice(const float* p, size_t n) {
+// Inlined into each caller, so that it is compiled for the caller's target.
+template <class Target>
+__attribute__((always_inline)) inline float SumWith(const float* p, size_t n, Target) {
   V8 acc[8] = {};
   size_t i = 0;
   for (; i + 64 <= n; i += 64) {
+#pragma GCC unroll 8  // accumulators in registers, not on the stack
     for (int k = 0; k < 8; ++k) {
       V8 v;
       __builtin_memcpy(&v, p + i + 8 * k, sizeof(v));
@@ -50,6 +56,23 @@ float SumSlice(const float* p, size_t n) {
   for (int k = 0; k < 8; ++k) s += t[k];
   for (; i < n; ++i) s += p[i];
   return s;
+}
+
+struct Generic {};
+struct Avx2 {};
+float SumSliceGeneric(const float* p, size_t n) { return SumWith(p, n, Generic{}); }
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) float SumSliceAvx2(const float* p, size_t n) {
+  return SumWith(p, n, Avx2{});
+}
+#endif
+
+float SumSlice(const float* p, size_t n) {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return SumSliceAvx2(p, n);
+#endif
+  return SumSliceGeneric(p, n);
 }
 
 // ReadOnce streams all of `a` [n floats] once on `threads` threads (each its own slice).
