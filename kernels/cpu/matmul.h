@@ -13,7 +13,8 @@ namespace kvguard::kernels {
 // MatMul computes y[b, r] = sum_c W[r, c] * x[b, c] for b < batch, r < w.rows.
 //   x: [batch, w.cols] row-major FP32; y: [batch, w.rows] row-major FP32 (overwritten).
 //   batch in [1, 64]. `pool` may be null (single-threaded). Preconditions (CHECKed): a
-//   non-empty view, batch in range, FP8 row scales, INT4 group 32/64/128 dividing cols.
+//   non-empty view, batch in range, FP8 row scales, INT4 group 32/64/128 dividing cols and at
+//   most 1024 groups per row.
 // FP32, BF16 and FP8 weights multiply x exactly as given (FP32 accumulation error only); INT4
 // rounds x to int8 per weight group (the error bound is derived in matmul.cc, and a non-finite
 // x makes that column's outputs NaN). Safe to call from several threads at once, each with its
