@@ -460,6 +460,7 @@ void Engine::DecodeLoop() {
   std::vector<std::optional<isolation::Violation>> post_violations;
   isolation::OwnershipTable::StepPin pin;
   int64_t verify_ns = 0, verified = 0, pages_checked = 0;
+  Clock::time_point step_start;
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -522,6 +523,7 @@ void Engine::DecodeLoop() {
       // read once here, so a mode change applies from the next step.
       pin = pool_->table().PinStep();
       const auto verify_start = Clock::now();
+      step_start = verify_start;
       verified = pages_checked = 0;
       for (size_t i = 0; i < running_.size();) {
         Request* r = running_[i];
@@ -580,6 +582,8 @@ void Engine::DecodeLoop() {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.notify_all();  // unpinning may have freed pages others wait for
     ++stats_.decode_steps;
+    stats_.decode_tokens += static_cast<int64_t>(items.size());
+    for (const Model::DecodeItem& it : items) stats_.decode_kv_tokens += it.pos + 1;
     // Re-verify before any result leaves: a grant that changed during the step (only a
     // broken allocator can do that under the epoch rule) discards the step's token.
     const auto post_start = Clock::now();
@@ -618,6 +622,7 @@ void Engine::DecodeLoop() {
       }
       if (done) running_.erase(std::find(running_.begin(), running_.end(), r));
     }
+    stats_.decode_seconds += Seconds(step_start, Clock::now());
     if (options_.check_accounting) CheckAccountingLocked();
   }
 }

@@ -106,6 +106,11 @@ struct EngineStats {
   int queued = 0, prefilling = 0, running = 0;
   int max_running = 0;  // most requests decoding at once so far
   int free_pages = 0, total_pages = 0;
+  // Decode steps, summed: wall seconds from the step's verification to its tokens' acceptance
+  // (the decode worker's busy time), requests stepped (= tokens decoded), and KV tokens the
+  // steps' attention read (sum over stepped requests of their length).
+  double decode_seconds = 0;
+  int64_t decode_tokens = 0, decode_kv_tokens = 0;
 };
 
 class Engine {
