@@ -89,6 +89,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Model> mo
         absl::StrCat("max_batch ", options.max_batch, " must be in [1, ", kMaxDecodeBatch, "]"));
   }
   if (options.reserve_pages < 0) return absl::InvalidArgumentError("reserve_pages < 0");
+  if (!(options.admission_ratio >= 0 && options.admission_ratio <= 1) ||
+      !(options.admission_ratio_min >= 0 &&
+        options.admission_ratio_min <= options.admission_ratio) ||
+      !(options.admission_ratio_decay >= 0 && options.admission_ratio_decay <= 1)) {
+    return absl::InvalidArgumentError(
+        "admission ratios must satisfy 0 <= min <= ratio <= 1, decay in [0, 1]");
+  }
   if (pool->dtype() == kernels::KvDtype::kFp8E4m3 && !pool->has_fp8_scales()) {
     if (model->fp8_k_scales().empty()) {
       return absl::FailedPreconditionError(
@@ -117,6 +124,7 @@ Engine::Engine(std::shared_ptr<Model> model, std::shared_ptr<const Tokenizer> to
       prefill_pool_(options.prefill_threads),
       decode_pool_(options.decode_threads) {
   stats_.total_pages = pool_->num_pages();
+  admission_ratio_ = options_.admission_ratio;
   prefill_thread_ = std::thread([this] { PrefillLoop(); });
   decode_thread_ = std::thread([this] { DecodeLoop(); });
 }
@@ -219,7 +227,15 @@ EngineStats Engine::stats() const {
   s.prefilling = prefilling_;
   s.running = static_cast<int>(running_.size() + handed_over_.size());
   s.free_pages = pool_->table().free_pages();
+  s.admission_ratio = admission_ratio_;
   return s;
+}
+
+int Engine::GrowthPagesLocked(const Request* r) const {
+  const int most = std::min(r->prompt_len + r->req.max_tokens, model_->config().max_context);
+  const int holds = r->state == Request::State::kWaiting ? r->pages.PagesFor(r->PrefillLength())
+                                                         : r->pages.num_pages();
+  return std::max(0, r->pages.PagesFor(most) - holds);
 }
 
 bool Engine::ScrubOnReleaseLocked(Request* r) {
@@ -360,8 +376,15 @@ void Engine::PrefillLoop() {
         if (waiting_.empty()) return false;
         const int in_flight = prefilling_ + static_cast<int>(running_.size() + handed_over_.size());
         if (in_flight >= options_.max_batch) return false;
-        const int len = waiting_.front()->PrefillLength();
-        return pool_->table().free_pages() >= (len + P - 1) / P + options_.reserve_pages;
+        const Request* next = waiting_.front();
+        int64_t need = (next->PrefillLength() + P - 1) / P + options_.reserve_pages;
+        if (in_flight > 0 && admission_ratio_ > 0) {  // see EngineOptions::admission_ratio
+          int64_t growth = GrowthPagesLocked(next);
+          for (const Request* r : running_) growth += GrowthPagesLocked(r);
+          for (const Request* r : handed_over_) growth += GrowthPagesLocked(r);
+          need += static_cast<int64_t>(std::ceil(admission_ratio_ * static_cast<double>(growth)));
+        }
+        return pool_->table().free_pages() >= need;
       };
       cv_.wait(lock, ready);
       if (stopping_) return;
@@ -513,6 +536,7 @@ void Engine::DecodeLoop() {
         victim->state = Request::State::kWaiting;
         ++victim->result.preemptions;
         ++stats_.preemptions;
+        if (options_.admission_ratio > 0) admission_ratio_ = 1.0;
         waiting_.push_front(victim);
         cv_.notify_all();
         // If the victim was r itself the loop ends; otherwise r tries again.
@@ -582,6 +606,8 @@ void Engine::DecodeLoop() {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.notify_all();  // unpinning may have freed pages others wait for
     ++stats_.decode_steps;
+    admission_ratio_ =
+        std::max(options_.admission_ratio_min, admission_ratio_ - options_.admission_ratio_decay);
     stats_.decode_tokens += static_cast<int64_t>(items.size());
     for (const Model::DecodeItem& it : items) stats_.decode_kv_tokens += it.pos + 1;
     // Re-verify before any result leaves: a grant that changed during the step (only a

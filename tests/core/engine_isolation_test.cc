@@ -33,13 +33,17 @@ struct Harness {
 };
 
 // Tenants "a" and "b" (enforce unless told) and "s" (strict, quarantined after 2).
-Harness Make(int pages, Mode mode_a = Mode::kEnforce, bool check_accounting = true) {
+// greedy_admission: admit on the prompt's pages plus the reserve alone (no growth reservation,
+// EngineOptions::admission_ratio 0), for tests that need the pool to run dry mid-decode.
+Harness Make(int pages, Mode mode_a = Mode::kEnforce, bool check_accounting = true,
+             bool greedy_admission = false) {
   const TinyModel& s = Fp32Tiny();
   KvPoolOptions po;
   po.dtype = KvDtype::kFp32;
   po.budget_bytes = s.model->config().KvBytesPerToken(4) * 16 * size_t(pages);
   EngineOptions eo;
   eo.check_accounting = check_accounting;
+  if (greedy_admission) eo.admission_ratio = eo.admission_ratio_min = eo.admission_ratio_decay = 0;
   eo.decode_threads = 2;
   eo.prefill_threads = 1;
   Harness h;
@@ -437,7 +441,8 @@ TEST(EngineIsolationTest, UnknownTenantIsRefusedKnownTenantServed) {
 // own accounting check holds after every step, and the pool is whole at the end. Runs under
 // ThreadSanitizer in `make test`.
 TEST(EngineIsolationTest, StressWithoutFaultsRaisesNoFalseAlarm) {
-  Harness h = Make(8);  // 8 pages of 16 tokens: a few requests at once, then preemption
+  // 8 pages of 16 tokens, greedy admission: a few requests at once, then preemption.
+  Harness h = Make(8, Mode::kEnforce, true, /*greedy_admission=*/true);
   constexpr int kClients = 4, kPerClient = 12;
   std::vector<std::thread> clients;
   std::atomic<int> finished{0}, cancelled{0};

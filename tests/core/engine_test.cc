@@ -18,12 +18,19 @@ namespace {
 using kernels::KvDtype;
 using kernels::WeightFormat;
 
-std::unique_ptr<Engine> MakeEngine(int pages, int max_batch = 64) {
+// GreedyAdmission admits on the prompt's pages plus the reserve alone
+// (EngineOptions::admission_ratio 0): the tests that need the pool to run dry mid-decode use it.
+EngineOptions GreedyAdmission() {
+  EngineOptions eo;
+  eo.admission_ratio = eo.admission_ratio_min = eo.admission_ratio_decay = 0;
+  return eo;
+}
+
+std::unique_ptr<Engine> MakeEngine(int pages, int max_batch = 64, EngineOptions eo = {}) {
   const TinyModel& s = Fp32Tiny();
   KvPoolOptions po;
   po.dtype = KvDtype::kFp32;
   po.budget_bytes = s.model->config().KvBytesPerToken(4) * 16 * size_t(pages);
-  EngineOptions eo;
   eo.max_batch = max_batch;
   eo.check_accounting = true;
   eo.decode_threads = 2;
@@ -101,7 +108,7 @@ TEST(EngineTest, PreemptionAndRecomputeGiveTheSameTokens) {
   std::vector<std::vector<int>> alone;
   for (const auto& p : kPrompts) alone.push_back(RunAlone(p, 60));
   // 10 pages of 16 tokens cannot hold five sequences of up to ~90 tokens at once.
-  auto engine = MakeEngine(10);
+  auto engine = MakeEngine(10, 64, GreedyAdmission());
   std::vector<RequestId> ids;
   for (const auto& p : kPrompts) ids.push_back(*engine->Submit(Greedy(p, 60)));
   int preempted = 0;
@@ -113,6 +120,74 @@ TEST(EngineTest, PreemptionAndRecomputeGiveTheSameTokens) {
   EXPECT_GT(preempted, 0) << "the pool never ran dry: the test did not exercise preemption";
   EXPECT_EQ(engine->stats().preemptions, preempted);
   EXPECT_EQ(engine->stats().free_pages, engine->stats().total_pages);
+}
+
+// The same workload as above under admission with full growth reservation (ratio 1): a request
+// is admitted only when the pool holds everything every admitted request may still grow into,
+// so nothing is ever preempted, and the tokens are the same. Its twin is the test above: greedy
+// admission of this workload does preempt.
+TEST(EngineTest, GrowthReservationAvoidsPreemption) {
+  std::vector<std::vector<int>> alone;
+  for (const auto& p : kPrompts) alone.push_back(RunAlone(p, 60));
+  EngineOptions eo;
+  eo.admission_ratio = eo.admission_ratio_min = 1.0;
+  auto engine = MakeEngine(10, 64, eo);
+  std::vector<RequestId> ids;
+  for (const auto& p : kPrompts) ids.push_back(*engine->Submit(Greedy(p, 60)));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const GenerationResult r = *engine->Wait(ids[i]);
+    EXPECT_EQ(r.reason, FinishReason::kLength);
+    EXPECT_EQ(r.tokens, alone[i]) << kPrompts[i];
+  }
+  EXPECT_EQ(engine->stats().preemptions, 0);
+  EXPECT_GT(engine->stats().max_running, 1) << "reservation must still let requests share steps";
+  EXPECT_EQ(engine->stats().free_pages, engine->stats().total_pages);
+}
+
+// A preemption sets the admission ratio to 1 (then it decays per step, here not at all); with
+// no preemption it stays where it started. A lone request whose growth exceeds the whole pool
+// is still admitted: reservation applies only while others are in flight.
+TEST(EngineTest, PreemptionMakesAdmissionConservative) {
+  EngineOptions eo;
+  eo.admission_ratio = eo.admission_ratio_min = 0.01;  // nearly greedy: the pool runs dry
+  eo.admission_ratio_decay = 0;
+  auto engine = MakeEngine(10, 64, eo);
+  std::vector<RequestId> ids;
+  for (const auto& p : kPrompts) ids.push_back(*engine->Submit(Greedy(p, 60)));
+  for (RequestId id : ids) EXPECT_EQ(engine->Wait(id)->reason, FinishReason::kLength);
+  EXPECT_GT(engine->stats().preemptions, 0);
+  EXPECT_EQ(engine->stats().admission_ratio, 1.0);
+  // Twin: a roomy pool never preempts, and the ratio stays at 0.01.
+  auto roomy = MakeEngine(64, 64, eo);
+  ids.clear();
+  for (const auto& p : kPrompts) ids.push_back(*roomy->Submit(Greedy(p, 60)));
+  for (RequestId id : ids) EXPECT_EQ(roomy->Wait(id)->reason, FinishReason::kLength);
+  EXPECT_EQ(roomy->stats().preemptions, 0);
+  EXPECT_EQ(roomy->stats().admission_ratio, 0.01);
+  // Alone, with full reservation, a request that may grow past the pool is admitted and runs.
+  EngineOptions full;
+  full.admission_ratio = full.admission_ratio_min = 1.0;
+  auto small = MakeEngine(4, 64, full);
+  const GenerationResult r = *small->Wait(*small->Submit(Greedy("abc", 40)));
+  EXPECT_EQ(r.reason, FinishReason::kLength);
+  EXPECT_EQ(r.tokens.size(), 40u);
+}
+
+TEST(EngineTest, BadAdmissionRatiosAreRefused) {
+  const TinyModel& s = Fp32Tiny();
+  for (auto [ratio, min, decay] :
+       {std::tuple{1.5, 0.1, 0.0}, {0.5, 0.6, 0.0}, {0.5, -0.1, 0.0}, {0.5, 0.1, 2.0}}) {
+    EngineOptions eo;
+    eo.admission_ratio = ratio;
+    eo.admission_ratio_min = min;
+    eo.admission_ratio_decay = decay;
+    KvPoolOptions po;
+    po.dtype = KvDtype::kFp32;
+    po.budget_bytes = s.model->config().KvBytesPerToken(4) * 16 * 8;
+    EXPECT_FALSE(
+        Engine::Create(s.model, s.tokenizer, *KvPool::Create(s.model->config(), po), eo).ok());
+  }
+  EXPECT_NE(MakeEngine(8, 64, EngineOptions{}), nullptr);  // the defaults are valid
 }
 
 TEST(EngineTest, MaxTokensStopsExactly) {
