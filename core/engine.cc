@@ -90,11 +90,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Model> mo
   }
   if (options.reserve_pages < 0) return absl::InvalidArgumentError("reserve_pages < 0");
   if (!(options.admission_ratio >= 0 && options.admission_ratio <= 1) ||
-      !(options.admission_ratio_min >= 0 &&
-        options.admission_ratio_min <= options.admission_ratio) ||
+      !(options.admission_ratio_min >= 0 && options.admission_ratio_min <= 1) ||
       !(options.admission_ratio_decay >= 0 && options.admission_ratio_decay <= 1)) {
     return absl::InvalidArgumentError(
-        "admission ratios must satisfy 0 <= min <= ratio <= 1, decay in [0, 1]");
+        "admission ratio, its minimum and its decay must each be in [0, 1]");
   }
   if (pool->dtype() == kernels::KvDtype::kFp8E4m3 && !pool->has_fp8_scales()) {
     if (model->fp8_k_scales().empty()) {
@@ -124,7 +123,7 @@ Engine::Engine(std::shared_ptr<Model> model, std::shared_ptr<const Tokenizer> to
       prefill_pool_(options.prefill_threads),
       decode_pool_(options.decode_threads) {
   stats_.total_pages = pool_->num_pages();
-  admission_ratio_ = options_.admission_ratio;
+  admission_usage_ = options_.admission_ratio;
   prefill_thread_ = std::thread([this] { PrefillLoop(); });
   decode_thread_ = std::thread([this] { DecodeLoop(); });
 }
@@ -227,8 +226,15 @@ EngineStats Engine::stats() const {
   s.prefilling = prefilling_;
   s.running = static_cast<int>(running_.size() + handed_over_.size());
   s.free_pages = pool_->table().free_pages();
-  s.admission_ratio = admission_ratio_;
+  s.admission_ratio = AdmissionRatioLocked();
+  s.admission_usage = admission_usage_;
   return s;
+}
+
+double Engine::AdmissionRatioLocked() const {
+  if (options_.admission_ratio == 0) return 0;  // greedy
+  return std::clamp(std::max(admission_usage_, admission_raise_), options_.admission_ratio_min,
+                    1.0);
 }
 
 int Engine::GrowthPagesLocked(const Request* r) const {
@@ -310,6 +316,14 @@ void Engine::FinishLocked(Request* r, FinishReason reason, absl::Status status) 
       if (r->req.on_text) r->req.on_text(tail);
     }
   }
+  if (reason == FinishReason::kLength || reason == FinishReason::kStop ||
+      reason == FinishReason::kEos) {
+    // How much of what it could have generated this request used (admission's estimate).
+    const int could =
+        std::min(r->prompt_len + r->req.max_tokens, model_->config().max_context) - r->prompt_len;
+    const double used = std::min(1.0, static_cast<double>(r->generated) / std::max(1, could));
+    admission_usage_ += (used - admission_usage_) / 16.0;
+  }
   r->result.reason = reason;
   r->result.status = std::move(status);
   r->state = Request::State::kDone;
@@ -378,11 +392,12 @@ void Engine::PrefillLoop() {
         if (in_flight >= options_.max_batch) return false;
         const Request* next = waiting_.front();
         int64_t need = (next->PrefillLength() + P - 1) / P + options_.reserve_pages;
-        if (in_flight > 0 && admission_ratio_ > 0) {  // see EngineOptions::admission_ratio
+        const double ratio = AdmissionRatioLocked();
+        if (in_flight > 0 && ratio > 0) {  // see EngineOptions::admission_ratio
           int64_t growth = GrowthPagesLocked(next);
           for (const Request* r : running_) growth += GrowthPagesLocked(r);
           for (const Request* r : handed_over_) growth += GrowthPagesLocked(r);
-          need += static_cast<int64_t>(std::ceil(admission_ratio_ * static_cast<double>(growth)));
+          need += static_cast<int64_t>(std::ceil(ratio * static_cast<double>(growth)));
         }
         return pool_->table().free_pages() >= need;
       };
@@ -536,7 +551,7 @@ void Engine::DecodeLoop() {
         victim->state = Request::State::kWaiting;
         ++victim->result.preemptions;
         ++stats_.preemptions;
-        if (options_.admission_ratio > 0) admission_ratio_ = 1.0;
+        admission_raise_ = 1.0;
         waiting_.push_front(victim);
         cv_.notify_all();
         // If the victim was r itself the loop ends; otherwise r tries again.
@@ -606,8 +621,7 @@ void Engine::DecodeLoop() {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.notify_all();  // unpinning may have freed pages others wait for
     ++stats_.decode_steps;
-    admission_ratio_ =
-        std::max(options_.admission_ratio_min, admission_ratio_ - options_.admission_ratio_decay);
+    admission_raise_ = std::max(0.0, admission_raise_ - options_.admission_ratio_decay);
     stats_.decode_tokens += static_cast<int64_t>(items.size());
     for (const Model::DecodeItem& it : items) stats_.decode_kv_tokens += it.pos + 1;
     // Re-verify before any result leaves: a grant that changed during the step (only a

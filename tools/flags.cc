@@ -18,9 +18,10 @@ const char kEngineFlagsHelp[] =
     "  --page-size P                tokens per KV page (default 16)\n"
     "  --threads N                  threads for decode and for prefill (default 2)\n"
     "  --max-batch N                most requests decoded together (default 64)\n"
-    "  --admission-ratio F          reserve F x the pages in-flight requests may still grow\n"
-    "                               into before admitting another (0.7, falling to 0.1 per\n"
-    "                               step, 1 after a preemption; 0: greedy admission)\n"
+    "  --admission-ratio F          first estimate of the fraction of max_tokens requests\n"
+    "                               use; admission reserves that much of their growth (then\n"
+    "                               follows observed usage, 1 after a preemption; default 1;\n"
+    "                               0: greedy admission)\n"
     "  --tag-key-file PATH          page-tag keys (created with mode 0600 if absent;\n"
     "                               default: an ephemeral key per process)\n"
     "  --tenants PATH               tenant config (JSON; default: one tenant, 'default',\n"
@@ -194,11 +195,7 @@ bool ParseEngineFlag(Args& a, core::RuntimeOptions* o, absl::Status* status) {
     return true;
   }
   if (a.Flag("--admission-ratio")) {
-    *status = a.Double(&o->engine.admission_ratio, 0, 1);
-    // 0 means greedy: no reservation ever, not even after a preemption.
-    o->engine.admission_ratio_min =
-        std::min(o->engine.admission_ratio_min, o->engine.admission_ratio);
-    if (o->engine.admission_ratio == 0) o->engine.admission_ratio_decay = 0;
+    *status = a.Double(&o->engine.admission_ratio, 0, 1);  // 0: greedy, always
     return true;
   }
   return false;

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <string>
 #include <thread>
 #include <vector>
@@ -144,9 +145,10 @@ TEST(EngineTest, GrowthReservationAvoidsPreemption) {
   EXPECT_EQ(engine->stats().free_pages, engine->stats().total_pages);
 }
 
-// A preemption sets the admission ratio to 1 (then it decays per step, here not at all); with
-// no preemption it stays where it started. A lone request whose growth exceeds the whole pool
-// is still admitted: reservation applies only while others are in flight.
+// A preemption raises the admission ratio to 1 (the raise then decays per step, here not at
+// all); without one the ratio follows the usage estimate, which requests that run to max_tokens
+// pull towards 1 by 1/16 of the gap per finish. A lone request whose growth exceeds the whole
+// pool is still admitted: reservation applies only while others are in flight.
 TEST(EngineTest, PreemptionMakesAdmissionConservative) {
   EngineOptions eo;
   eo.admission_ratio = eo.admission_ratio_min = 0.01;  // nearly greedy: the pool runs dry
@@ -157,13 +159,16 @@ TEST(EngineTest, PreemptionMakesAdmissionConservative) {
   for (RequestId id : ids) EXPECT_EQ(engine->Wait(id)->reason, FinishReason::kLength);
   EXPECT_GT(engine->stats().preemptions, 0);
   EXPECT_EQ(engine->stats().admission_ratio, 1.0);
-  // Twin: a roomy pool never preempts, and the ratio stays at 0.01.
+  // Twin: a roomy pool never preempts; the ratio is the usage estimate after five requests that
+  // each used all of max_tokens.
   auto roomy = MakeEngine(64, 64, eo);
   ids.clear();
   for (const auto& p : kPrompts) ids.push_back(*roomy->Submit(Greedy(p, 60)));
   for (RequestId id : ids) EXPECT_EQ(roomy->Wait(id)->reason, FinishReason::kLength);
   EXPECT_EQ(roomy->stats().preemptions, 0);
-  EXPECT_EQ(roomy->stats().admission_ratio, 0.01);
+  const double expected = 1.0 - 0.99 * std::pow(15.0 / 16.0, 5);
+  EXPECT_NEAR(roomy->stats().admission_usage, expected, 1e-12);
+  EXPECT_NEAR(roomy->stats().admission_ratio, expected, 1e-12);
   // Alone, with full reservation, a request that may grow past the pool is admitted and runs.
   EngineOptions full;
   full.admission_ratio = full.admission_ratio_min = 1.0;
@@ -173,10 +178,40 @@ TEST(EngineTest, PreemptionMakesAdmissionConservative) {
   EXPECT_EQ(r.tokens.size(), 40u);
 }
 
+// Requests that stop well before max_tokens (here at a stop sequence a few tokens in) lower the
+// usage estimate, so admission reserves less; requests that run to max_tokens keep it at 1.
+TEST(EngineTest, EarlyFinishesLowerTheUsageEstimate) {
+  auto probe = MakeEngine(64);
+  const GenerationResult full = *probe->Wait(*probe->Submit(Greedy("The robot", 40)));
+  ASSERT_GE(full.text.size(), 12u);
+  EXPECT_EQ(probe->stats().admission_usage, 1.0) << "ran to max_tokens: the estimate stays 1";
+  // A stop sequence from the greedy output a few characters in (whole characters: the text is
+  // valid UTF-8, see StopSequenceEndsTheRequestAndIsNotReturned).
+  std::vector<size_t> starts;
+  for (size_t i = 0; i < full.text.size(); ++i) {
+    if ((static_cast<unsigned char>(full.text[i]) & 0xC0) != 0x80) starts.push_back(i);
+  }
+  ASSERT_GE(starts.size(), 6u);
+  const std::string stop = full.text.substr(starts[3], starts[5] - starts[3]);
+  auto engine = MakeEngine(64);
+  for (int i = 0; i < 4; ++i) {
+    GenerationRequest r = Greedy("The robot", 40);
+    r.stop = {stop};
+    const GenerationResult g = *engine->Wait(*engine->Submit(std::move(r)));
+    EXPECT_EQ(g.reason, FinishReason::kStop);
+    EXPECT_LT(g.tokens.size(), 20u);
+  }
+  EXPECT_LT(engine->stats().admission_usage, 0.85);
+  EXPECT_EQ(engine->stats().admission_ratio, engine->stats().admission_usage);
+}
+
 TEST(EngineTest, BadAdmissionRatiosAreRefused) {
   const TinyModel& s = Fp32Tiny();
-  for (auto [ratio, min, decay] :
-       {std::tuple{1.5, 0.1, 0.0}, {0.5, 0.6, 0.0}, {0.5, -0.1, 0.0}, {0.5, 0.1, 2.0}}) {
+  for (auto [ratio, min, decay] : {std::tuple{1.5, 0.1, 0.0},
+                                   {0.5, 1.5, 0.0},
+                                   {0.5, -0.1, 0.0},
+                                   {0.5, 0.1, 2.0},
+                                   {-0.5, 0.1, 0.0}}) {
     EngineOptions eo;
     eo.admission_ratio = ratio;
     eo.admission_ratio_min = min;
