@@ -133,6 +133,7 @@ int RunBenchEngine(const std::vector<std::string>& argv) {
   int rounds = 1;
   LoadFlags load_flags;
   load_flags.concurrency = {1, 2, 4, 8, 16, 32, 64};
+  load_flags.context = 4096;
   Args a(argv);
   while (!a.done()) {
     absl::Status s;
