@@ -99,14 +99,7 @@ struct Step {
     for (size_t i = 0; i < page_ids.size(); ++i) expected[i] = tags[size_t(page_ids[i])];
     faults.assign(static_cast<size_t>(batch), -1);
 
-    view.dtype = dtype;
-    view.page_size = kPage;
-    view.num_kv_heads = kKvHeads;
-    view.head_dim = kDim;
-    view.k = k.get();
-    view.v = v.get();
-    view.page_stride = static_cast<int64_t>(page_stride);
-    view.head_stride = static_cast<int64_t>(head_stride);
+    view = kernels::PackedKvView(dtype, kPage, kKvHeads, kDim, k.get(), v.get());
     if (dtype == KvDtype::kFp8E4m3) {
       view.k_scale = k_scale.data();
       view.v_scale = v_scale.data();

@@ -176,6 +176,13 @@ absl::StatusOr<RequestId> Engine::Submit(GenerationRequest request) {
   std::unique_lock<std::mutex> lock(mu_);
   if (stopping_) return absl::UnavailableError("engine is shutting down");
   const RequestId id = next_id_++;
+#if KVGUARD_FAULT_INJECTION
+  if (!faults_.release_during_step_next_of_tenant.empty() &&
+      faults_.release_during_step_next_of_tenant == request.tenant) {
+    faults_.release_during_step_next_of_tenant.clear();
+    faults_.release_during_step = id;
+  }
+#endif
   auto r = std::make_unique<Request>(id, std::move(request), isolation::Owner{*tenant, id},
                                      &pool_->table(), pool_->page_size());
   r->result.id = id;

@@ -77,7 +77,10 @@ struct EngineOptions {
 // EngineFaults make the scheduler misbehave the ways real engines have shipped (test and fuzz
 // builds only; table-level faults are isolation::TableFaults). Verification must catch each.
 struct EngineFaults {
-  uint64_t release_during_step = 0;     // this request's first page is released mid-step
+  uint64_t release_during_step = 0;  // this request's first page is released mid-step
+  // ... or the next request of this tenant submitted from now on (armed inside Submit, so it
+  // cannot finish before it is armed).
+  std::string release_during_step_next_of_tenant;
   uint64_t release_during_prefill = 0;  // ... or after its prefill's verification, before
                                         // prefill writes into it
   uint64_t double_release = 0;          // this request's pages are released twice at finish

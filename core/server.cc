@@ -157,9 +157,6 @@ struct Server::Impl {
   std::map<std::string, int64_t> outcomes;  // finish reasons and client disconnects
   int64_t prompt_tokens = 0, output_tokens = 0;
   std::deque<std::pair<int64_t, int64_t>> token_seconds;  // (steady second, tokens) last 10 s
-#if KVGUARD_FAULT_INJECTION
-  std::string abort_next_tenant;  // test builds: the next request of this tenant is aborted
-#endif
 
   std::shared_ptr<const ServiceConfig> Config() const {
     std::lock_guard<std::mutex> lock(mu);
@@ -334,14 +331,6 @@ void Server::Impl::HandleCompletion(const httplib::Request& req, httplib::Respon
   {
     std::lock_guard<std::mutex> lock(mu);
     in_flight.insert(*id);
-#if KVGUARD_FAULT_INJECTION
-    if (!abort_next_tenant.empty() && abort_next_tenant == name) {
-      abort_next_tenant.clear();
-      EngineFaults f;
-      f.release_during_step = *id;
-      engine->set_faults(f);
-    }
-#endif
   }
   if (request.stream) {
     return StreamResponse(res, *id, std::move(request), std::move(stream), std::move(admission),
@@ -648,8 +637,10 @@ void Server::Impl::SetupAdmin() {
       return Reply(res, Error(400, "invalid_request_error", "invalid_value",
                               "body must be {\"tenant\": NAME}"));
     }
-    std::lock_guard<std::mutex> lock(mu);
-    abort_next_tenant = body["tenant"].get<std::string>();
+    // Armed in the engine: the next request of this tenant it accepts gets the fault.
+    EngineFaults f;
+    f.release_during_step_next_of_tenant = body["tenant"].get<std::string>();
+    engine->set_faults(f);
     res.set_content("{}", "application/json");
   });
 #endif

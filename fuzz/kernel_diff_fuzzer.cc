@@ -163,15 +163,7 @@ void Attention(FuzzedDataProvider& in, ThreadPool* pool) {
     max_v = std::max(max_v, std::fabs(double{LoadKvElement(dtype, vbuf.data(), i, scale)}));
   }
   const std::vector<float> scales(size_t(kv_heads), scale);
-  PagedKvView kv;
-  kv.dtype = dtype;
-  kv.page_size = page;
-  kv.num_kv_heads = kv_heads;
-  kv.head_dim = head_dim;
-  kv.k = kbuf.data();
-  kv.v = vbuf.data();
-  kv.head_stride = int64_t{page} * head_dim;
-  kv.page_stride = kv.head_stride * kv_heads;
+  PagedKvView kv = PackedKvView(dtype, page, kv_heads, head_dim, kbuf.data(), vbuf.data());
   kv.k_scale = scales.data();
   kv.v_scale = scales.data();
   std::vector<int32_t> table(static_cast<size_t>(pages));

@@ -294,6 +294,24 @@ struct PagedKvView {
   int32_t num_pages = 0;               // physical pages in the pool
 };
 
+// PackedKvView returns the view of a pool whose pages are packed back to back (head_stride =
+// page_size * head_dim, page_stride = num_kv_heads * head_stride) at k and v; scales and tags
+// are left for the caller to set. For tests, benchmarks and fuzz targets that build pools by
+// hand (the engine's pool, core/kv_pool.h, interleaves layers and has its own strides).
+inline PagedKvView PackedKvView(KvDtype dtype, int page_size, int num_kv_heads, int head_dim,
+                                const void* k, const void* v) {
+  PagedKvView kv;
+  kv.dtype = dtype;
+  kv.page_size = page_size;
+  kv.num_kv_heads = num_kv_heads;
+  kv.head_dim = head_dim;
+  kv.k = k;
+  kv.v = v;
+  kv.head_stride = int64_t{page_size} * head_dim;
+  kv.page_stride = kv.head_stride * num_kv_heads;
+  return kv;
+}
+
 // DecodeQuery describes one request of a decode batch: one query token attending to the
 // first `length` tokens of its sequence, which live in pages page_table[0 .. ceil(length/P)).
 struct DecodeQuery {

@@ -134,6 +134,9 @@ int RunBench(const std::vector<std::string>& args) {
   if (!args.empty() && args[0] == "kernels") {
     return RunBenchKernels(std::vector<std::string>(args.begin() + 1, args.end()));
   }
+  if (!args.empty() && args[0] == "gpu") {
+    return RunBenchGpu(std::vector<std::string>(args.begin() + 1, args.end()));
+  }
   // `--isolation off,enforce,...` (a list) is the isolation-overhead benchmark; a single mode
   // is an engine flag like any other.
   for (size_t i = 0; i < args.size(); ++i) {

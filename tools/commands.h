@@ -15,6 +15,7 @@ int RunBench(const std::vector<std::string>& args);
 int RunGenerate(const std::vector<std::string>& args);
 int RunBenchEngine(const std::vector<std::string>& args);
 int RunBenchIsolation(const std::vector<std::string>& args);
+int RunBenchGpu(const std::vector<std::string>& args);
 int RunKeys(const std::vector<std::string>& args);
 int RunAudit(const std::vector<std::string>& args);
 int RunEval(const std::vector<std::string>& args);

@@ -20,7 +20,7 @@ constexpr Command kCommands[] = {
     {"generate", "generate text from a prompt (built-in model or --model PATH.gguf)", RunGenerate},
     {"eval", "KL divergence / top-1 agreement of quantised configs vs FP32", RunEval},
     {"model", "inspect a GGUF model file: shapes, types, tokenizer, bytes per format", RunModel},
-    {"bench", "the serving benchmark (--help); `kvguard bench kernels` for the kernels", RunBench},
+    {"bench", "the serving benchmark (--help); `kvguard bench kernels`, `kvguard bench gpu`", RunBench},
     {"keys", "list, rotate or retire page-tag keys in a key file (ids, fingerprints)", RunKeys},
     {"audit", "verify, query, export and prove records of an audit log (--help)", RunAudit},
     {"serve", "the OpenAI-compatible multi-tenant HTTP service (--help)", RunServe},

@@ -3,10 +3,13 @@
 #include <string>
 
 #include "kernels/cuda/codec.h"
+#include "kernels/cuda/internal/launch.cuh"
 #include "kernels/formats.h"
 
 namespace kvguard::kernels::cuda {
 namespace {
+
+using internal::LaunchStatus;
 
 constexpr int kThreads = 256;
 
@@ -39,16 +42,7 @@ __global__ void DecodeBf16Kernel(const uint16_t* in, size_t n, float* out) {
   }
 }
 
-unsigned Blocks(size_t n) {
-  const size_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 65535 ? (b == 0 ? 1 : b) : 65535);
-}
-
-absl::Status LaunchStatus(const char* what) {
-  const cudaError_t err = cudaGetLastError();
-  if (err == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(std::string(what) + ": " + cudaGetErrorString(err));
-}
+unsigned Blocks(size_t n) { return internal::GridFor(n, kThreads); }
 
 }  // namespace
 

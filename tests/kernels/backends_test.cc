@@ -38,6 +38,7 @@
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quantize.h"
 #include "kernels/formats.h"
+#include "tests/kernels/compare.h"
 
 namespace kvguard::kernels {
 namespace {
@@ -53,35 +54,9 @@ struct BackendCase {
 // Test names carry the case name; print only that (not the object's bytes).
 void PrintTo(const BackendCase& c, std::ostream* os) { *os << c.name; }
 
-std::vector<float> RandomFloats(size_t n, uint32_t seed, float sd = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, sd);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
-
-std::string CompareBits(const void* a, const void* b, size_t bytes, size_t elem) {
-  for (size_t i = 0; i < bytes; i += elem) {
-    if (std::memcmp(static_cast<const char*>(a) + i, static_cast<const char*>(b) + i, elem)) {
-      return "element " + std::to_string(i / elem) + " differs";
-    }
-  }
-  return "";
-}
-
-std::string CompareWithin(const std::vector<float>& got, const std::vector<float>& want,
-                          const std::vector<double>& tolerance) {
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double err = std::fabs(double{got[i]} - double{want[i]});
-    if (!(err <= tolerance[i])) {
-      return "element " + std::to_string(i) + ": got " + std::to_string(got[i]) + ", want " +
-             std::to_string(want[i]) + ", |err| " + std::to_string(err) + " > " +
-             std::to_string(tolerance[i]);
-    }
-  }
-  return "";
-}
+using testing::CompareBits;
+using testing::CompareWithin;
+using testing::RandomFloats;
 
 // ---- codecs -------------------------------------------------------------------------------
 std::string Fp8EncodeCase() {
@@ -163,15 +138,7 @@ std::string AttentionCase(KvDtype dtype, int head_dim) {
     StoreKvElement(dtype, vf[i], scale, vbuf.data(), i);
   }
   const std::vector<float> scales(kv_heads, scale);
-  PagedKvView kv;
-  kv.dtype = dtype;
-  kv.page_size = page;
-  kv.num_kv_heads = kv_heads;
-  kv.head_dim = head_dim;
-  kv.k = kbuf.data();
-  kv.v = vbuf.data();
-  kv.head_stride = static_cast<int64_t>(page) * head_dim;
-  kv.page_stride = kv.head_stride * kv_heads;
+  PagedKvView kv = PackedKvView(dtype, page, kv_heads, head_dim, kbuf.data(), vbuf.data());
   kv.k_scale = scales.data();
   kv.v_scale = scales.data();
 

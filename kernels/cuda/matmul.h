@@ -1,0 +1,29 @@
+// kernels/cuda/matmul.h: y = W x on the GPU for the weight formats of kernels/formats.h.
+//
+// W is a WeightView whose data and scales are device memory, in exactly the CPU layout (INT4:
+// codes [rows, cols/2] with the half-group nibble split and FP16 group scales, groups of 32,
+// 64 or 128; FP8: e4m3 codes with one FP32 scale per row; BF16; FP32): no repack at load. x is
+// [batch, cols] FP32 and stays FP32 (W4A16 in the GPU sense, with FP32 rather than 16-bit
+// activations: the CPU reference's numbers), y [batch, rows] FP32; batch 1..64. FP32
+// accumulation of exactly dequantised weights, so results are within the kF32Accum budget of
+// ref::MatMul (the CPU INT4 kernel's int8 activation rounding does not happen here).
+//
+// One warp per output row reads the row once per 8 columns of x (x tiles in shared memory), in
+// 128-byte transactions: the GEMV (batch 1) is bound by HBM bandwidth; larger batches re-read
+// W's rows from L2 once per 8 columns. Prefill uses the same kernel with FP8 weights.
+#ifndef KVGUARD_KERNELS_CUDA_MATMUL_H_
+#define KVGUARD_KERNELS_CUDA_MATMUL_H_
+
+#include "absl/status/status.h"
+#include "kernels/formats.h"
+
+namespace kvguard::kernels::cuda {
+
+// MatMul computes y[b, r] = sum_c W[r, c] x[b, c]. InvalidArgument for a bad shape (batch
+// outside 1..64, an INT4 group that does not divide cols, missing scales, cols not a multiple of
+// 8); the launch error otherwise. Device pointers; asynchronous on `stream`.
+absl::Status MatMul(const WeightView& w, const float* x, int batch, float* y, void* stream);
+
+}  // namespace kvguard::kernels::cuda
+
+#endif  // KVGUARD_KERNELS_CUDA_MATMUL_H_
