@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(kThreads)
                  DeviceDecodeBatch batch, int splits_max, float* partials) {
   const int split = blockIdx.x, kv_head = blockIdx.y, r = blockIdx.z;
   const int tid = threadIdx.x;
-  const int length = batch.lengths[r];
+  const int length = min(batch.lengths[r], splits_max * kSplitTokens);  // merge fails the rest
   const int t0 = split * kSplitTokens;
   if (t0 >= length) return;  // this request has fewer splits; the merge never reads this slot
   const int t1 = min(length, t0 + kSplitTokens);
@@ -94,13 +94,25 @@ __global__ void __launch_bounds__(kThreads)
         ok = ((cur.lo ^ want.lo) | (cur.hi ^ want.hi)) == 0 && (want.lo | want.hi) != 0;
       }
       if (!ok) {
-        atomicMin(&batch.tag_faults[r], i);
+        // Unsigned: the -1 the launcher stored is the largest value, so any index replaces it
+        // (a signed min would keep -1 for ever) and the smallest failing index wins.
+        atomicMin(reinterpret_cast<unsigned int*>(&batch.tag_faults[r]),
+                  static_cast<unsigned int>(i));
         bad = 1;
       }
     }
   }
   __syncthreads();
-  if (bad) return;
+  if (bad) {
+    // A neutral partial state (weight 0 in any merge), so that no stale workspace contents can
+    // ever reach an output, whatever the merge decides.
+    if (tid < group) {
+      part[tid] = -INFINITY;
+      part[group + tid] = 0.0f;
+    }
+    for (int i = tid; i < group * D; i += kThreads) part[2 * group + i] = 0.0f;
+    return;
+  }
 
   // 2. q of the group's heads, times softmax_scale (and the FP8 K scale: K is decoded to its
   // code values).
@@ -217,7 +229,14 @@ __global__ void MergeKernel(PagedKvView kv, int group, int num_heads, DeviceDeco
   const size_t stride = PartialFloats(group, dim);
   const float* base =
       partials + (static_cast<size_t>(r) * kv.num_kv_heads + g) * splits_max * stride;
-  const int splits = Splits(batch.lengths[r]);
+  const int length = batch.lengths[r];
+  if (length < 1 || length > splits_max * kSplitTokens) {
+    // Metadata the launch was not sized for: fail the request rather than read slots of others.
+    *out = 0.0f;
+    if (batch.tag_faults != nullptr && d == 0 && h == 0) batch.tag_faults[r] = 0x7FFFFFFF;
+    return;
+  }
+  const int splits = Splits(length);
   float max = -INFINITY;
   for (int i = 0; i < splits; ++i) max = fmaxf(max, base[i * stride + h]);
   float sum = 0.0f, acc = 0.0f;
@@ -258,7 +277,10 @@ absl::Status PagedDecodeAttention(const PagedKvView& kv, int num_heads, float so
   if (kv.head_dim != 64 && kv.head_dim != 128) {
     return absl::InvalidArgumentError("CUDA attention: head_dim must be 64 or 128");
   }
-  if (kv.num_kv_heads <= 0 || num_heads % kv.num_kv_heads != 0 ||
+  if (batch.num_queries < 0 || batch.num_queries > 65535) {
+    return absl::InvalidArgumentError("CUDA attention: 0..65535 queries per launch");
+  }
+  if (kv.num_kv_heads <= 0 || num_heads <= 0 || num_heads % kv.num_kv_heads != 0 ||
       num_heads / kv.num_kv_heads > kMaxGroup) {
     return absl::InvalidArgumentError(
         "CUDA attention: num_heads must be a multiple of num_kv_heads, at most 8 times it");

@@ -12,10 +12,11 @@
 // batch.expected_tags are set, every block compares the current tag of each page of its range
 // (and the page id against kv.num_pages) with the expected one before it loads any of those
 // pages' K or V; a mismatch records the smallest failing page index in batch.tag_faults[r]
-// (atomicMin; -1 when all matched, set by the launcher) and the block reads none of its pages.
-// The merge then writes zeros instead of an output for that request, and the caller aborts it.
-// Pages of other blocks of that request that did match may have been read; a page that did not
-// match never is.
+// (an unsigned atomic min over the -1 the launcher stores; -1 when all matched) and the block
+// reads none of its pages. The merge then writes zeros instead of an output for that request,
+// and the caller aborts it. Pages of other blocks of that request that did match may have been
+// read; a page that did not match never is. A length above batch.max_length (device metadata
+// out of step with the launch) fails the request too: tag_faults[r] = INT32_MAX, zero output.
 #ifndef KVGUARD_KERNELS_CUDA_ATTENTION_H_
 #define KVGUARD_KERNELS_CUDA_ATTENTION_H_
 

@@ -35,8 +35,7 @@ __global__ void WriteKvKernel(PagedKvView kv, const float* k, const float* v, co
     const int e = static_cast<int>(t % per_token);
     const int head = e / dim, d = e % dim;
     const KvSlot s = slots[token];
-    if (s.page < 0 || (kv.num_pages > 0 && s.page >= kv.num_pages) || s.slot < 0 ||
-        s.slot >= kv.page_size) {
+    if (s.page < 0 || s.page >= kv.num_pages || s.slot < 0 || s.slot >= kv.page_size) {
       if (e == 0 && bad_slots != nullptr) atomicAdd(bad_slots, 1);
       continue;
     }
@@ -54,6 +53,11 @@ __global__ void WriteKvKernel(PagedKvView kv, const float* k, const float* v, co
 
 absl::Status WriteKvTokens(const PagedKvView& kv, const float* k, const float* v,
                            const KvSlot* slots, int count, int32_t* bad_slots, void* stream) {
+  if (count < 0 || kv.num_pages <= 0 || kv.page_size < 1 || kv.num_kv_heads < 1 ||
+      kv.head_dim < 1) {
+    return absl::InvalidArgumentError(
+        "WriteKvTokens: count >= 0 and a view with pages (num_pages > 0), heads and dims");
+  }
   const size_t total = static_cast<size_t>(count) * kv.num_kv_heads * kv.head_dim;
   if (total == 0) return absl::OkStatus();
   const unsigned blocks = GridFor(total, 256);

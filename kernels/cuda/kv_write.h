@@ -24,8 +24,9 @@ struct KvSlot {
 // page slots[i].page at slots[i].slot of `kv` (one layer; its k and v pointers are written
 // through, the view's const notwithstanding), for i < count. Every slot must be owned by the
 // caller's request, in the pool, and checked against its tag beforehand (the engine's write
-// check); page ids are bounds-checked here too (kv.num_pages > 0: an out-of-range slot is
-// skipped and *bad_slots, if given, incremented). All pointers are device pointers.
+// check); pages and slots are bounds-checked here too (an out-of-range one is skipped and
+// *bad_slots, if given, incremented). InvalidArgument for count < 0 or a view without pages
+// (kv.num_pages must be set). All pointers are device pointers.
 absl::Status WriteKvTokens(const PagedKvView& kv, const float* k, const float* v,
                            const KvSlot* slots, int count, int32_t* bad_slots, void* stream);
 

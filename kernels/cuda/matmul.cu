@@ -7,6 +7,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include "kernels/cuda/internal/launch.cuh"
 #include "kernels/cuda/matmul.h"
 
@@ -137,6 +139,9 @@ absl::Status MatMul(const WeightView& w, const float* x, int batch, float* y, vo
     return absl::InvalidArgumentError("CUDA MatMul: empty weights or null x/y");
   }
   if (batch < 1 || batch > 64) return absl::InvalidArgumentError("CUDA MatMul: batch in [1, 64]");
+  if (reinterpret_cast<uintptr_t>(w.data) % 4 != 0) {
+    return absl::InvalidArgumentError("CUDA MatMul: weights must be 4-byte aligned");
+  }
   cudaStream_t s = Stream(stream);
   switch (w.format) {
     case WeightFormat::kFp32:

@@ -20,8 +20,9 @@
 namespace kvguard::kernels::cuda {
 
 // MatMul computes y[b, r] = sum_c W[r, c] x[b, c]. InvalidArgument for a bad shape (batch
-// outside 1..64, an INT4 group that does not divide cols, missing scales, cols not a multiple of
-// 8); the launch error otherwise. Device pointers; asynchronous on `stream`.
+// outside 1..64, an INT4 group that does not divide cols, missing scales, FP8 cols not a
+// multiple of 4, BF16 cols odd, weights not 4-byte aligned); the launch error otherwise. Device
+// pointers; asynchronous on `stream`.
 absl::Status MatMul(const WeightView& w, const float* x, int batch, float* y, void* stream);
 
 }  // namespace kvguard::kernels::cuda

@@ -97,14 +97,17 @@ struct AttentionPool {
     for (int l : s.lengths) pages += (l + s.page - 1) / s.page;
     num_pages = pages + 3;
     const size_t elems = size_t(num_pages) * s.kv_heads * s.page * s.head_dim;
-    const std::vector<float> kf = RandomFloats(elems, 5), vf = RandomFloats(elems, 6);
+    // Every slot no request may read (past a length, unused pages) holds NaN codes: a kernel
+    // that loads one turns its output into NaN. Per-head K and V scales all differ.
     kbuf.resize(elems * KvDtypeBytes(s.dtype));
     vbuf.resize(kbuf.size());
-    scales.assign(size_t(s.kv_heads), 4.0f / 448.0f);
     for (size_t i = 0; i < elems; ++i) {
-      StoreKvElement(s.dtype, kf[i], scales[0], kbuf.data(), i);
-      StoreKvElement(s.dtype, vf[i], scales[0], vbuf.data(), i);
-      max_v = std::max(max_v, std::fabs(double{LoadKvElement(s.dtype, vbuf.data(), i, scales[0])}));
+      StoreKvElement(s.dtype, NAN, 1.0f, kbuf.data(), i);
+      StoreKvElement(s.dtype, NAN, 1.0f, vbuf.data(), i);
+    }
+    for (int h = 0; h < s.kv_heads; ++h) {
+      k_scales.push_back((3.0f + h) / 448.0f);
+      v_scales.push_back((2.0f + 0.5f * h) / 448.0f);
     }
     std::vector<int32_t> order(num_pages);
     std::iota(order.begin(), order.end(), 0);
@@ -113,6 +116,25 @@ struct AttentionPool {
     for (int l : s.lengths) {
       offsets.push_back(static_cast<int32_t>(page_ids.size()));
       for (int i = 0; i < (l + s.page - 1) / s.page; ++i) page_ids.push_back(order[next++]);
+    }
+    const PagedKvView kv = HostView();
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (size_t r = 0; r < s.lengths.size(); ++r) {
+      for (int t = 0; t < s.lengths[r]; ++t) {
+        const int64_t page = page_ids[size_t(offsets[r] + t / s.page)];
+        for (int h = 0; h < s.kv_heads; ++h) {
+          const int64_t base = page * kv.page_stride + h * kv.head_stride;
+          for (int d = 0; d < s.head_dim; ++d) {
+            const size_t ki = size_t(base + int64_t{d} * s.page + t % s.page);
+            const size_t vi = size_t(base + int64_t{t % s.page} * s.head_dim + d);
+            StoreKvElement(s.dtype, normal(rng) * (1.0f + h), k_scales[h], kbuf.data(), ki);
+            StoreKvElement(s.dtype, normal(rng) + 0.5f * h, v_scales[h], vbuf.data(), vi);
+            max_v = std::max(
+                max_v, std::fabs(double{LoadKvElement(s.dtype, vbuf.data(), vi, v_scales[h])}));
+          }
+        }
+      }
     }
     q = RandomFloats(s.lengths.size() * heads * s.head_dim, 9);
     tags.resize(size_t(num_pages));
@@ -123,7 +145,8 @@ struct AttentionPool {
   PagedKvView HostView() const {
     PagedKvView kv =
         PackedKvView(spec.dtype, spec.page, spec.kv_heads, spec.head_dim, kbuf.data(), vbuf.data());
-    kv.k_scale = kv.v_scale = scales.data();
+    kv.k_scale = k_scales.data();
+    kv.v_scale = v_scales.data();
     return kv;
   }
 
@@ -152,7 +175,7 @@ struct AttentionPool {
                         std::vector<int32_t>* faults) const {
     const int heads = spec.kv_heads * spec.group;
     DeviceBuffer<uint8_t> k(kbuf), v(vbuf);
-    DeviceBuffer<float> dscales(scales), dq(q), dout(q.size());
+    DeviceBuffer<float> dks(k_scales), dvs(v_scales), dq(q), dout(q.size());
     std::vector<int32_t> lengths(spec.lengths.begin(), spec.lengths.end());
     DeviceBuffer<int32_t> dlengths(lengths), doffsets(offsets), dids(page_ids);
     DeviceBuffer<PageTag> dtags(device_tags != nullptr ? *device_tags : std::vector<PageTag>(1));
@@ -161,7 +184,8 @@ struct AttentionPool {
     PagedKvView kv = HostView();
     kv.k = k.get();
     kv.v = v.get();
-    kv.k_scale = kv.v_scale = dscales.get();
+    kv.k_scale = dks.get();
+    kv.v_scale = dvs.get();
     if (device_tags != nullptr) {
       kv.page_tags = dtags.get();
       kv.num_pages = static_cast<int32_t>(device_tags->size());
@@ -178,11 +202,15 @@ struct AttentionPool {
       batch.expected_tags = dexp.get();
       batch.tag_faults = dfaults.get();
     }
+    // The workspace starts as garbage (0x7F bytes: huge finite floats) and serves two calls:
+    // no result may depend on what it held before.
     const size_t ws = cuda::AttentionWorkspaceBytes(kv, heads, batch.num_queries, batch.max_length);
-    DeviceBuffer<uint8_t> workspace(ws);
-    const absl::Status s =
-        cuda::PagedDecodeAttention(kv, heads, Scale(), batch, workspace.get(), ws, nullptr);
-    if (!s.ok()) return std::string(s.message());
+    DeviceBuffer<uint8_t> workspace(std::vector<uint8_t>(ws, 0x7F));
+    for (int call = 0; call < 2; ++call) {
+      const absl::Status s =
+          cuda::PagedDecodeAttention(kv, heads, Scale(), batch, workspace.get(), ws, nullptr);
+      if (!s.ok()) return std::string(s.message());
+    }
     *out = dout.Download();
     if (faults != nullptr) *faults = dfaults.Download();
     return "";
@@ -193,7 +221,7 @@ struct AttentionPool {
   AttentionSpec spec;
   int num_pages = 0;
   std::vector<uint8_t> kbuf, vbuf;
-  std::vector<float> scales, q;
+  std::vector<float> k_scales, v_scales, q;
   std::vector<int32_t> page_ids, offsets;
   std::vector<PageTag> tags, expected;
   double max_v = 0;
@@ -207,45 +235,76 @@ std::string AttentionCase(const AttentionSpec& spec) {
 }
 
 // ---- quantise-on-write ---------------------------------------------------------------------
-std::string KvWriteCase(KvDtype dtype) {
-  const int kv_heads = 3, dim = 64, page = 16, pages = 5, count = 7;
-  const size_t elems = size_t(pages) * kv_heads * page * dim;
-  std::vector<uint8_t> kwant(elems * KvDtypeBytes(dtype), 0), vwant(kwant.size(), 0);
-  const std::vector<float> scales = {0.01f, 0.5f, 3.0f};
-  std::vector<float> k = RandomFloats(size_t(count) * kv_heads * dim, 11, 2.0f);
-  std::vector<float> v = RandomFloats(k.size(), 12, 2.0f);
-  k[5] = 1e30f;  // saturates in FP8
-  v[9] = -1e-30f;
-  std::vector<cuda::KvSlot> slots;
-  for (int i = 0; i < count; ++i) slots.push_back({(i * 3) % pages, (i * 5) % page});
-  const int64_t head_stride = int64_t{page} * dim, page_stride = head_stride * kv_heads;
-  for (int i = 0; i < count; ++i) {
-    for (int h = 0; h < kv_heads; ++h) {
-      for (int d = 0; d < dim; ++d) {
-        const size_t src = (size_t(i) * kv_heads + h) * dim + d;
-        const int64_t base = slots[i].page * page_stride + h * head_stride;
-        StoreKvElement(dtype, k[src], scales[h], kwant.data(), base + d * page + slots[i].slot);
-        StoreKvElement(dtype, v[src], scales[h], vwant.data(), base + slots[i].slot * dim + d);
+// KvWriteSetup is a small pool and `count` tokens to write into it: the host's expected bytes
+// come from the CPU convention (StoreKvElement, as core/kv_pool.cc WriteToken).
+struct KvWriteSetup {
+  static constexpr int kKvHeads = 3, kDim = 64, kPage = 16, kPages = 5;
+  explicit KvWriteSetup(KvDtype dtype, std::vector<cuda::KvSlot> slots_in) : slots(slots_in) {
+    const size_t elems = size_t(kPages) * kKvHeads * kPage * kDim;
+    kwant.assign(elems * KvDtypeBytes(dtype), 0);
+    vwant.assign(kwant.size(), 0);
+    const int count = static_cast<int>(slots.size());
+    k = RandomFloats(size_t(count) * kKvHeads * kDim, 11, 2.0f);
+    v = RandomFloats(k.size(), 12, 2.0f);
+    k[5] = 1e30f;  // saturates in FP8
+    v[9] = -1e-30f;
+    const int64_t head_stride = int64_t{kPage} * kDim, page_stride = head_stride * kKvHeads;
+    for (int i = 0; i < count; ++i) {
+      if (slots[i].page < 0 || slots[i].page >= kPages || slots[i].slot < 0 ||
+          slots[i].slot >= kPage) {
+        continue;  // skipped by the kernel
+      }
+      for (int h = 0; h < kKvHeads; ++h) {
+        for (int d = 0; d < kDim; ++d) {
+          const size_t src = (size_t(i) * kKvHeads + h) * kDim + d;
+          const int64_t base = slots[i].page * page_stride + h * head_stride;
+          StoreKvElement(dtype, k[src], k_scales[h], kwant.data(),
+                         base + d * kPage + slots[i].slot);
+          StoreKvElement(dtype, v[src], v_scales[h], vwant.data(), base + slots[i].slot * kDim + d);
+        }
       }
     }
   }
-  DeviceBuffer<uint8_t> dk(std::vector<uint8_t>(kwant.size(), 0)), dv(dk.Download());
-  DeviceBuffer<float> dkx(k), dvx(v), dscales(scales);
-  DeviceBuffer<cuda::KvSlot> dslots(slots);
-  DeviceBuffer<int32_t> bad(std::vector<int32_t>{0});
-  PagedKvView kv = PackedKvView(dtype, page, kv_heads, dim, dk.get(), dv.get());
-  kv.k_scale = kv.v_scale = dscales.get();
-  kv.num_pages = pages;
-  const absl::Status s =
-      cuda::WriteKvTokens(kv, dkx.get(), dvx.get(), dslots.get(), count, bad.get(), nullptr);
-  if (!s.ok()) return std::string(s.message());
-  const std::vector<uint8_t> kgot = dk.Download(), vgot = dv.Download();
-  if (bad.Download()[0] != 0) return "slots reported bad";
+  // Run writes on the device (into zeroed pages) and returns "" or the error; *bad receives the
+  // kernel's count of skipped slots.
+  std::string Run(KvDtype dtype, int32_t num_pages, std::vector<uint8_t>* kgot,
+                  std::vector<uint8_t>* vgot, int32_t* bad, int count_override = -2) const {
+    DeviceBuffer<uint8_t> dk(std::vector<uint8_t>(kwant.size(), 0)), dv(dk.Download());
+    DeviceBuffer<float> dkx(k), dvx(v), dks(k_scales), dvs(v_scales);
+    DeviceBuffer<cuda::KvSlot> dslots(slots);
+    DeviceBuffer<int32_t> dbad(std::vector<int32_t>{0});
+    PagedKvView kv = PackedKvView(dtype, kPage, kKvHeads, kDim, dk.get(), dv.get());
+    kv.k_scale = dks.get();
+    kv.v_scale = dvs.get();
+    kv.num_pages = num_pages;
+    const int count = count_override != -2 ? count_override : static_cast<int>(slots.size());
+    const absl::Status s =
+        cuda::WriteKvTokens(kv, dkx.get(), dvx.get(), dslots.get(), count, dbad.get(), nullptr);
+    if (!s.ok()) return std::string(s.message());
+    *kgot = dk.Download();
+    *vgot = dv.Download();
+    *bad = dbad.Download()[0];
+    return "";
+  }
+  std::vector<cuda::KvSlot> slots;
+  std::vector<float> k, v;
+  const std::vector<float> k_scales = {0.01f, 0.5f, 3.0f}, v_scales = {0.02f, 0.25f, 7.0f};
+  std::vector<uint8_t> kwant, vwant;
+};
+
+std::string KvWriteCase(KvDtype dtype) {
+  std::vector<cuda::KvSlot> slots;
+  for (int i = 0; i < 7; ++i) slots.push_back({(i * 3) % KvWriteSetup::kPages, (i * 5) % 16});
+  const KvWriteSetup w(dtype, slots);
+  std::vector<uint8_t> kgot, vgot;
+  int32_t bad = -1;
+  if (std::string e = w.Run(dtype, KvWriteSetup::kPages, &kgot, &vgot, &bad); !e.empty()) return e;
+  if (bad != 0) return "slots reported bad";
   const size_t e = KvDtypeBytes(dtype);
-  if (std::string d = CompareBits(kgot.data(), kwant.data(), kwant.size(), e); !d.empty()) {
+  if (std::string d = CompareBits(kgot.data(), w.kwant.data(), w.kwant.size(), e); !d.empty()) {
     return "K " + d;
   }
-  if (std::string d = CompareBits(vgot.data(), vwant.data(), vwant.size(), e); !d.empty()) {
+  if (std::string d = CompareBits(vgot.data(), w.vwant.data(), w.vwant.size(), e); !d.empty()) {
     return "V " + d;
   }
   return "";
@@ -479,6 +538,23 @@ TEST(CudaTagCheckTest, FailsOnlyTheRequestWithABadPage) {
   zero[size_t(pool.offsets[1])] = PageTag{};
   ASSERT_EQ(pool.RunDevice(&out, &freed, &zero, &faults), "");
   expect_only(out, faults, 1, 0, "zero tag on a free page");
+}
+
+// Slots outside the pool or the page are skipped and counted, the others written as usual; a
+// view without pages or a negative count is refused. Positive twin: the kv_write cases of the
+// table (every slot valid, none reported).
+TEST(CudaKvWriteTest, BadSlotsAreSkippedAndCounted) {
+  KVGUARD_SKIP_WITHOUT_CUDA_DEVICE();
+  const std::vector<cuda::KvSlot> slots = {{0, 0}, {5, 1}, {-1, 2}, {2, 16}, {3, -1}, {4, 15}};
+  const KvWriteSetup w(KvDtype::kFp8E4m3, slots);
+  std::vector<uint8_t> kgot, vgot;
+  int32_t bad = 0;
+  ASSERT_EQ(w.Run(KvDtype::kFp8E4m3, KvWriteSetup::kPages, &kgot, &vgot, &bad), "");
+  EXPECT_EQ(bad, 4);  // page 5 of 5, page -1, slot 16 of 16, slot -1
+  EXPECT_EQ(kgot, w.kwant);
+  EXPECT_EQ(vgot, w.vwant);
+  EXPECT_NE(w.Run(KvDtype::kFp8E4m3, /*num_pages=*/0, &kgot, &vgot, &bad), "");
+  EXPECT_NE(w.Run(KvDtype::kFp8E4m3, KvWriteSetup::kPages, &kgot, &vgot, &bad, -1), "");
 }
 
 // Shapes the kernel does not take are refused with a clear error, not launched; the positive

@@ -12,9 +12,9 @@
 
 namespace kvguard::kernels::cuda::internal {
 
-// LaunchStatus returns OK if the last launch was accepted, else an internal error naming
-// `what` and the CUDA error (the launch's own failure, not an earlier asynchronous one, which
-// the next synchronising call reports).
+// LaunchStatus returns OK if no CUDA error is pending, else an internal error naming `what` and
+// the error. cudaGetLastError also returns (and clears) an earlier asynchronous failure, so the
+// error named may belong to an earlier kernel; callers treat any error as fatal for the step.
 inline absl::Status LaunchStatus(const char* what) {
   const cudaError_t err = cudaGetLastError();
   if (err == cudaSuccess) return absl::OkStatus();
