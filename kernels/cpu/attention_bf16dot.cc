@@ -364,17 +364,16 @@ KVG_BF16DOT_TARGET void AccumulateVTiles(int group, const uint8_t* const* rows, 
   }
 }
 
-// Exp returns e^x for x <= 0 (and 0 for x = -inf) to a few ulp: x log2(e) = n + f with n an
-// integer and |f| <= 1/2, 2^f by its Taylor polynomial of degree 7 in f ln 2 (truncation error
-// < 1e-8 relative), then VSCALEFPS multiplies by 2^n (0 below FP32's range).
+// Exp returns e^x for x <= 0 (and 0 for x = -inf): x log2(e) = n + f with n an integer and
+// |f| <= 1/2, 2^f by its Taylor polynomial of degree 5 in f ln 2 (truncation error < 2.5e-6
+// relative, a thousandth of the BF16 rounding every probability gets next), then VSCALEFPS
+// multiplies by 2^n (0 below FP32's range).
 KVG_BF16DOT_TARGET inline __m512 Exp(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-150.0f));  // e^-150 is 0 in FP32; keeps -inf out
   const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
   const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(t, n);
-  __m512 p = _mm512_set1_ps(1.5252733804059841e-05f);  // ln2^7 / 7!
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.5403530393381610e-04f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-03f));
+  __m512 p = _mm512_set1_ps(1.3333558146428443e-03f);  // ln2^5 / 5!
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-03f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-02f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-01f));
@@ -393,23 +392,25 @@ inline __mmask16 FirstLanes(int n) {
 // same softmax; only the reference point of the exponentials differs.
 constexpr float kLazyRescale = 8.0f;
 
-// SoftmaxToBf16 folds `count` scores of one head into its running (max, sum): probs[0, count)
+// SoftmaxToBf16 folds `count` scores of one head into its running max and its running sum, a
+// vector whose lanes add up to the sum (reduced once, at the end of the task): probs[0, count)
 // receives exp(score - max) * p_scale (a power of two) rounded to BF16 and
-// probs[count, RoundUp(count, 32)) zero; *sum adds exactly the rounded values over p_scale;
+// probs[count, RoundUp(count, 32)) zero; the sum adds exactly the rounded values over p_scale;
 // *alpha receives the factor the accumulator must be rescaled by (exp(old max - new max), or 1
-// when the max is kept). scores[RoundUp(count, 16)) must be readable.
+// when the max is kept). The keep-or-raise decision compares lanes with old max + kLazyRescale
+// (no horizontal max unless some lane exceeds it). scores[RoundUp(count, 16)) must be readable.
 KVG_BF16DOT_TARGET void SoftmaxToBf16(const float* scores, int count, float p_scale, float* max,
-                                      float* sum, float* alpha, uint16_t* probs) {
+                                      float* sum_lanes, float* alpha, uint16_t* probs) {
   const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
   __m512 m = neg_inf;
   for (int i = 0; i < count; i += 16) {
     m = _mm512_max_ps(m, _mm512_mask_loadu_ps(neg_inf, FirstLanes(count - i), scores + i));
   }
-  const float block_max = _mm512_reduce_max_ps(m);
   float new_max = *max;
   *alpha = 1.0f;
-  if (!(block_max <= *max + kLazyRescale)) {  // also the first block, whose old max is -inf
-    new_max = block_max;
+  // Not "<=": also the first block, whose old max is -inf, and a NaN score.
+  if (_mm512_cmp_ps_mask(m, _mm512_set1_ps(*max + kLazyRescale), _CMP_NLE_UQ) != 0) {
+    new_max = std::max(*max, _mm512_reduce_max_ps(m));
     *alpha = std::exp(*max - new_max);  // 0 for the first block
   }
   const __m512 shift = _mm512_set1_ps(new_max);
@@ -430,7 +431,11 @@ KVG_BF16DOT_TARGET void SoftmaxToBf16(const float* scores, int count, float p_sc
     total = _mm512_add_ps(total,
                           _mm512_castsi512_ps(_mm512_and_si512(bits, _mm512_set1_epi32(~0xFFFF))));
   }
-  *sum = *sum * *alpha + _mm512_reduce_add_ps(total) / p_scale;
+  // Kept in units of 1 (not p_scale): a lane may add up thousands of blocks of values up to
+  // e^kLazyRescale, which times p_scale = 2^110 would overflow FP32.
+  _mm512_storeu_ps(sum_lanes,
+                   _mm512_fmadd_ps(_mm512_loadu_ps(sum_lanes), _mm512_set1_ps(*alpha),
+                                   _mm512_mul_ps(total, _mm512_set1_ps(1.0f / p_scale))));
   *max = new_max;
 }
 
@@ -438,7 +443,8 @@ KVG_BF16DOT_TARGET void SoftmaxToBf16(const float* scores, int count, float p_sc
 struct Scratch {
   std::vector<uint32_t> qp;          // [heads, dim / 2] BF16 query pairs
   std::vector<float> acc;            // [heads, dim] accumulators, in slot order per 64-dim chunk
-  std::vector<float> state;          // [heads] max, [heads] sum, [heads] alpha
+  std::vector<float> state;          // [heads] each: max, alpha, unscale, sum
+  std::vector<float> sum_lanes;      // [heads, 16] running sums, one per lane
   std::vector<float> scores;         // [group, score_stride]
   std::vector<uint16_t> probs;       // [group, prob_stride] BF16 probabilities
   std::vector<uint8_t> kbuf;         // gathered K rows of a partial page or of a block
@@ -476,19 +482,17 @@ KVG_BF16DOT_TARGET void Attend(const PagedKvView& kv, int group, float softmax_s
   s.qp.resize(static_cast<size_t>(heads) * qp_stride);
   s.acc.assign(static_cast<size_t>(heads) * dim, 0.0f);
   s.state.resize(4 * static_cast<size_t>(heads));
+  s.sum_lanes.assign(16 * static_cast<size_t>(heads), 0.0f);
   s.scores.resize(static_cast<size_t>(group) * score_stride);
   s.probs.resize(static_cast<size_t>(group) * prob_stride);
   s.kbuf.resize(static_cast<size_t>(dim) * (block_tokens + 16) * kElem);
   s.rows.resize(block_tokens);
   s.cols.resize(block_tokens / 16 + 1);
   float* max = s.state.data();
-  float* sum = max + heads;
-  float* alpha = sum + heads;
+  float* alpha = max + heads;
   float* unscale = alpha + heads;  // what each head's raw scores are multiplied by
-  for (int h = 0; h < heads; ++h) {
-    max[h] = -INFINITY;
-    sum[h] = 0.0f;
-  }
+  float* sum = unscale + heads;    // filled from sum_lanes at the end
+  for (int h = 0; h < heads; ++h) max[h] = -INFINITY;
 
   // The query of each head, times softmax_scale, rounded to BF16 pairs once for the whole task.
   // FP8: also times its kv head's K scale and 2^s (the codes convert to value * 2^-120; see the
@@ -603,11 +607,11 @@ KVG_BF16DOT_TARGET void Attend(const PagedKvView& kv, int group, float softmax_s
                         score_stride, pf, pf_lines);
 
       float* hmax = max + g * group;
-      float* hsum = sum + g * group;
       float* halpha = alpha + g * group;
       for (int h = 0; h < group; ++h) {
-        SoftmaxToBf16(s.scores.data() + h * score_stride, tokens, kProbScale, &hmax[h], &hsum[h],
-                      &halpha[h], s.probs.data() + h * prob_stride);
+        SoftmaxToBf16(s.scores.data() + h * score_stride, tokens, kProbScale, &hmax[h],
+                      s.sum_lanes.data() + 16 * static_cast<size_t>(g * group + h), &halpha[h],
+                      s.probs.data() + h * prob_stride);
       }
       float* acc = s.acc.data() + static_cast<size_t>(g) * group * dim;
       for (int c = 0; c < dim; c += 64) {
@@ -618,6 +622,10 @@ KVG_BF16DOT_TARGET void Attend(const PagedKvView& kv, int group, float softmax_s
     }
   }
 
+  for (int h = 0; h < heads; ++h) {
+    sum[h] =
+        _mm512_reduce_add_ps(_mm512_loadu_ps(s.sum_lanes.data() + 16 * static_cast<size_t>(h)));
+  }
   // Accumulator slots back into dim order. The accumulator is sum_t p_t v_t * kProbScale * (FP8:
   // 2^-120 / v_scale), so output = acc * kOutScale / sum, with kOutScale = v_scale * 2^10 for FP8
   // and 1 for BF16; a partial state holds acc * kOutScale / VFactor (attention.cc's units).

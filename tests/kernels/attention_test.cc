@@ -594,6 +594,50 @@ TEST(PagedAttentionTest, TinyAndHugeKvMagnitudes) {
   }
 }
 
+// The first 64 tokens score 0 and the 8128 after them 7.75: below the BF16 kernel's lazy
+// rescale threshold (8), so the first task's running max stays at 0 and its later probabilities
+// are e^7.75 (times the kernel's 2^110 probability scale, 3e36 each). A running sum kept in the
+// scaled units would overflow FP32 after about 113 such values per lane; a task here (the
+// request is cut into 4096-token pieces even on one thread) adds about 250 per lane. The output
+// must be finite and match the reference.
+TEST(PagedAttentionTest, ScoresJustBelowTheLazyRescaleThreshold) {
+  for (KvDtype dtype : kAllDtypes) {
+    CaseSpec spec;
+    spec.dtype = dtype;
+    spec.num_kv_heads = 1;
+    spec.group = 1;
+    spec.head_dim = 64;
+    spec.lengths = {8192};
+    spec.seed = 24;
+    SCOPED_TRACE(spec.Describe());
+    PagedKvCase c(spec, Stale::kNan);
+    for (int t = 0; t < spec.lengths[0]; ++t) {
+      for (int d = 0; d < spec.head_dim; ++d) c.SetK(0, 0, t, d, d == 0 && t >= 64 ? 1.0 : 0.0);
+    }
+    for (int d = 0; d < spec.head_dim; ++d)
+      c.SetQ(0, 0, d, d == 0 ? 7.75f * 8.0f : 0.0f);  // softmax scale 1/8
+    ThreadPool one(1), two(2);
+    const auto expected = c.Run(ref::PagedDecodeAttention, &one);
+    EXPECT_LE(c.MaxError(expected, c.Naive()), kRefBudget);
+    for (int64_t target : SupportedTargets()) {
+      SCOPED_TRACE(TargetName(target));
+      ForceTarget(target);
+      const bool bf16 = PagedAttentionArithmetic(c.View()) == AttentionArithmetic::kBf16Products;
+      const auto budget = bf16 ? c.Bf16ProductsBudget() : std::vector<std::vector<double>>();
+      for (ThreadPool* pool : {&one, &two}) {
+        const auto out = c.Run(PagedDecodeAttention, pool);
+        for (float x : out[0]) ASSERT_TRUE(std::isfinite(x));
+        if (bf16) {
+          EXPECT_LE(c.MaxError(out, expected, &budget), 1.0) << "in units of the derived budget";
+        } else {
+          EXPECT_LE(c.MaxError(out, expected), Budget(dtype));
+        }
+      }
+    }
+    ResetTarget();
+  }
+}
+
 // Equal huge logits: every token's K is e_0 and q = 1e6 e_0, so every score is ~9e4 and the
 // softmax is uniform (the output is the mean of the V rows). A kernel that exponentiates before
 // subtracting the running max produces inf/NaN here.
