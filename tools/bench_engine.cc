@@ -111,7 +111,7 @@ int BenchUsage(const std::string& error) {
       "  --configs LIST               decode-weights/kv-dtype pairs (default\n"
       "                               int4/fp8_e4m3,int4/bf16,fp8/fp8_e4m3)\n"
       "  --concurrency LIST           default 1,2,4,8,16,32,64\n"
-      "  --context N                  tokens per request, prompt + output (default 512)\n"
+      "  --context N                  tokens per request, prompt + output (default 4096)\n"
       "  --prompt-len N               prompt tokens (default 32: on a 2-core CPU a long\n"
       "                               prompt's prefill, not decode, bounds how many\n"
       "                               requests run at once)\n"

@@ -23,8 +23,9 @@
 //   s_b = max_{c in b} |x_c| / 127,  q_c = rne(x_c * fl(1 / s_b))   (FP32, ties-to-even)
 // so that sum_c (code_c - 8) * q_c is an exact int32 per group, converted to FP32 once per group
 // and FMA'd with (group scale * s_b). The AVX3_DL target uses VPDPBUSD (u8 codes 0..15 x s8 q) on
-// raw 64-byte loads of codes; the zero point is removed exactly, in int32, by starting each lane
-// from -8 * (sum of the q it multiplies). Other targets promote to int16 and subtract 8 first.
+// raw 64-byte loads of codes, AVX2 VPMADDUBSW + VPMADDWD on 32-byte halves; the zero point is
+// removed exactly, in int32, by starting each lane from -8 * (sum of the q it multiplies). Other
+// targets promote to int16 and subtract 8 first.
 // Error: x_c is replaced by q_c s_b with |x_c - q_c s_b| <= s_b (1/2 + 254 u), u = 2^-24 (the
 // reciprocal and the product each round, relative u, before rne, and |x_c / s_b| <= 127), so
 // with w the dequantised weights
@@ -64,8 +65,9 @@ inline constexpr int kMaxInt4Groups = 1024;
 struct alignas(64) XChunk {
   int8_t lo[64];
   int8_t hi[64];
-  // AVX3_DL only: -8 * the sum of the 8 q that int32 lane l of VPDPBUSD multiplies (bytes
-  // 4l..4l+3, low and high nibbles): the zero point, removed exactly in int32.
+  // AVX3_DL and AVX2 only: -8 * the sum of the 8 q that int32 lane l of VPDPBUSD (or of
+  // VPMADDUBSW + VPMADDWD) multiplies (bytes 4l..4l+3, low and high nibbles): the zero point,
+  // removed exactly in int32.
   int32_t bias[16];
 };
 static_assert(sizeof(XChunk) == 192);
@@ -600,7 +602,184 @@ KVGUARD_AVX512VNNI void Int4Rows(const uint8_t* HWY_RESTRICT codes, const uint16
 }
 #undef KVGUARD_AVX512VNNI
 
-#else  // HWY_TARGET != HWY_AVX3_DL
+#elif HWY_TARGET == HWY_AVX2
+// AVX2 (no VNNI): VPMADDUBSW multiplies the u8 codes 0..15 by the s8 q and adds adjacent pairs
+// into int16 (at most 2 * 15 * 127 = 3810; low and high nibbles together 7620: no saturation),
+// VPMADDWD by ones adds adjacent int16 pairs into int32. Int32 lane l then holds bytes
+// 4l..4l+3 of a 32-byte half-chunk, the lane layout of VPDPBUSD, so XChunk::bias serves both.
+// Measured on Zen 3 (medium, batch 1, 2 threads): the portable int16 path below issued ~6
+// vector ops per 16 code bytes per row and held INT4 to about FP8's speed; this one issues
+// ~11 per 32 bytes per row (x loads shared by the R rows).
+
+// Rows that share each load of x: with 16 registers, 4 rows at one column, 2 rows at more.
+template <int NB>
+constexpr int Int4RowsPerPass() {
+  return NB == 1 ? 4 : 2;
+}
+
+// SetBiases fills XChunk::bias: -8 times the sum of the 8 q that each int32 lane multiplies.
+void SetBiases(XChunk* HWY_RESTRICT chunks, int count) {
+  const __m256i ones8 = _mm256_set1_epi8(1);
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  for (int k = 0; k < count; ++k) {
+    for (int h = 0; h < 2; ++h) {
+      const __m256i lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(chunks[k].lo + 32 * h));
+      const __m256i hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(chunks[k].hi + 32 * h));
+      const __m256i pairs =
+          _mm256_add_epi16(_mm256_maddubs_epi16(ones8, lo), _mm256_maddubs_epi16(ones8, hi));
+      const __m256i sum = _mm256_madd_epi16(pairs, ones16);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(chunks[k].bias + 8 * h),
+                         _mm256_mullo_epi32(sum, _mm256_set1_epi32(-kInt4ZeroPoint)));
+    }
+  }
+}
+
+// CombinedStride: floats per (row, column) in `scratch` (group scale * s_b per group, then 4
+// zeros for the partial chunk's lanes past the last group).
+constexpr size_t CombinedStride(int /*groups*/) { return kMaxInt4Groups + 16; }
+
+// GroupScaleLanes256 returns the combined scales of half h of chunk k, lane l holding the one
+// of the group that bytes 4l..4l+3 of that half belong to.
+template <int G>
+HWY_INLINE __m256 GroupScaleLanes256(const float* HWY_RESTRICT combined, int k, int h) {
+  if constexpr (G == 128) {
+    return _mm256_set1_ps(combined[k]);
+  } else if constexpr (G == 64) {
+    return _mm256_set1_ps(combined[2 * k + h]);
+  } else {
+    static_assert(G == 32);
+    const __m128 two =
+        _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(combined + 4 * k + 2 * h)));
+    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(two),
+                                    _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+  }
+}
+
+// Int4Rows computes sums[r * NB + j] = sum_c W[r, c] x_j[c] for R consecutive rows (codes and
+// gs: the first row's codes and group scales) and the NB quantised columns xc[j] with scales
+// group_scale[j]. `scratch` holds R * NB * CombinedStride(cols / G) floats.
+template <int G, int NB, int R>
+void Int4Rows(const uint8_t* HWY_RESTRICT codes, const uint16_t* HWY_RESTRICT gs, int cols,
+              const XChunk* const* xc, const float* const* group_scale, float* HWY_RESTRICT sums,
+              float* HWY_RESTRICT scratch) {
+  const int groups = cols / G;
+  constexpr size_t stride = CombinedStride(0);
+  for (int r = 0; r < R; ++r) {
+    for (int j = 0; j < NB; ++j) {
+      float* combined = scratch + (r * NB + j) * stride;
+      const uint16_t* row_gs = gs + r * groups;
+      int g = 0;
+      for (; g + 8 <= groups; g += 8) {  // F16C: a scalar FP16 decode per group cost ~10%
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row_gs + g));
+        _mm256_storeu_ps(combined + g,
+                         _mm256_mul_ps(_mm256_cvtph_ps(h), _mm256_loadu_ps(group_scale[j] + g)));
+      }
+      for (; g < groups; ++g) combined[g] = Fp16ToFloat(row_gs[g]) * group_scale[j][g];
+      for (; g < groups + 4; ++g) combined[g] = 0.0f;
+    }
+  }
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  __m256 acc[R][NB];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+    for (int j = 0; j < NB; ++j) acc[r][j] = _mm256_setzero_ps();
+  }
+  const size_t row_bytes = static_cast<size_t>(cols) / 2;
+  const int chunk_count = (cols + 127) / 128;
+  const int full = cols / 128;
+  // A partial last chunk (G < 128 only) is copied, zero-padded, so no load reads past the row;
+  // its zero codes, XChunk lanes and combined scales add exactly 0.
+  alignas(32) uint8_t tail[R][64];
+  if (full < chunk_count) {
+    for (int r = 0; r < R; ++r) {
+      std::memset(tail[r], 0, 64);
+      std::memcpy(tail[r], codes + r * row_bytes + 64 * full, (cols % 128) / 2);
+    }
+  }
+  if constexpr (G == 128) {
+    // One group per chunk: both halves' int16 pair sums add up before one VPMADDWD, convert and
+    // FMA per (row, column) and chunk (four VPMADDUBSW results: at most 15240, no saturation).
+    for (int k = 0; k < full; ++k) {
+      __m256i lo0[R], hi0[R], lo1[R], hi1[R];
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* src = codes + r * row_bytes + 64 * k;
+        __builtin_prefetch(codes + R * row_bytes + (k * R + r) * 64, 0, 2);
+        const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+        const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 32));
+        lo0[r] = _mm256_and_si256(w0, nibble);
+        hi0[r] = _mm256_and_si256(_mm256_srli_epi16(w0, 4), nibble);
+        lo1[r] = _mm256_and_si256(w1, nibble);
+        hi1[r] = _mm256_and_si256(_mm256_srli_epi16(w1, 4), nibble);
+      }
+#pragma GCC unroll 16
+      for (int j = 0; j < NB; ++j) {
+        const XChunk& x = xc[j][k];
+        const auto* xlo = reinterpret_cast<const __m256i*>(x.lo);
+        const auto* xhi = reinterpret_cast<const __m256i*>(x.hi);
+        const auto* xb = reinterpret_cast<const __m256i*>(x.bias);
+        const __m256i bias = _mm256_add_epi32(_mm256_load_si256(xb), _mm256_load_si256(xb + 1));
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) {
+          const __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(lo0[r], _mm256_load_si256(xlo)),
+                                              _mm256_maddubs_epi16(hi0[r], _mm256_load_si256(xhi)));
+          const __m256i p1 =
+              _mm256_add_epi16(_mm256_maddubs_epi16(lo1[r], _mm256_load_si256(xlo + 1)),
+                               _mm256_maddubs_epi16(hi1[r], _mm256_load_si256(xhi + 1)));
+          const __m256i dot =
+              _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones16), bias);
+          acc[r][j] =
+              _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
+                              _mm256_set1_ps(scratch[(r * NB + j) * stride + k]), acc[r][j]);
+        }
+      }
+    }
+  }
+  for (int k = G == 128 ? full : 0; k < chunk_count; ++k) {
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      __m256i lo[R], hi[R];
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* src = k < full ? codes + r * row_bytes + 64 * k : tail[r];
+        if (h == 0) __builtin_prefetch(codes + R * row_bytes + (k * R + r) * 64, 0, 2);
+        const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 32 * h));
+        lo[r] = _mm256_and_si256(w, nibble);
+        hi[r] = _mm256_and_si256(_mm256_srli_epi16(w, 4), nibble);
+      }
+#pragma GCC unroll 16
+      for (int j = 0; j < NB; ++j) {
+        const XChunk& x = xc[j][k];
+        const __m256i xlo = _mm256_load_si256(reinterpret_cast<const __m256i*>(x.lo + 32 * h));
+        const __m256i xhi = _mm256_load_si256(reinterpret_cast<const __m256i*>(x.hi + 32 * h));
+        const __m256i bias = _mm256_load_si256(reinterpret_cast<const __m256i*>(x.bias + 8 * h));
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) {
+          const __m256i pairs =
+              _mm256_add_epi16(_mm256_maddubs_epi16(lo[r], xlo), _mm256_maddubs_epi16(hi[r], xhi));
+          const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(pairs, ones16), bias);
+          acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
+                                      GroupScaleLanes256<G>(scratch + (r * NB + j) * stride, k, h),
+                                      acc[r][j]);
+        }
+      }
+    }
+  }
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+    for (int j = 0; j < NB; ++j) {
+      const __m128 four =
+          _mm_add_ps(_mm256_castps256_ps128(acc[r][j]), _mm256_extractf128_ps(acc[r][j], 1));
+      const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+      sums[r * NB + j] = _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
+    }
+  }
+}
+
+#else  // HWY_TARGET != HWY_AVX3_DL, HWY_AVX2
 
 template <int NB>
 constexpr int Int4RowsPerPass() {
@@ -668,7 +847,7 @@ void Int4Rows(const uint8_t* HWY_RESTRICT codes, const uint16_t* HWY_RESTRICT gs
   for (int j = 0; j < NB; ++j) sums[j] = hn::GetLane(hn::SumOfLanes(df32, acc[j]));
 }
 
-#endif  // HWY_TARGET == HWY_AVX3_DL
+#endif  // HWY_TARGET == HWY_AVX3_DL / HWY_AVX2
 
 // QuantizeColumn quantises one column of x (cols elements, group g) into `chunks` and
 // `group_scale` (see XChunk and the file comment).
