@@ -5,7 +5,8 @@
 //   BM_PagedAttention/<dtype>/ctx:C/batch:B/threads:T
 //     dtype fp8 (e4m3 + per-head scales), bf16, fp32; contexts 512, 4096, 16384 tokens with
 //     batch = 65536 / C, so that each step reads 128 MiB of FP8 KV (256 MiB BF16, 512 MiB FP32),
-//     far beyond the caches; plus batch 1 at 16384 (32 MiB FP8: latency of one long request).
+//     far beyond the caches; plus batch 1 at 16384 (32 MiB FP8: latency of one long request)
+//     and batch 8 at 512 on one thread (4 MiB FP8, cache-resident: the compute ceiling).
 // kBytes = the K and V bytes a step must read (all kv heads, all tokens) plus the FP8 scales;
 // compare it with BM_StreamRead at the same thread count from the same run.
 //
@@ -175,6 +176,9 @@ void Shapes(benchmark::internal::Benchmark* b) {
     for (int threads : {1, 2}) b->Args({ctx, 65536 / ctx, threads});
   }
   for (int threads : {1, 2}) b->Args({16384, 1, threads});
+  // 512 tokens x 8 requests: 4 MiB of FP8 KV (8 MiB BF16), held in L3 across iterations, so
+  // memory bandwidth does not bind: the kernel's compute ceiling per core.
+  b->Args({512, 8, 1});
   b->UseRealTime()->Unit(benchmark::kMillisecond);
 }
 

@@ -109,6 +109,21 @@ constexpr DimOrder MakeDimOrder() {
 }
 constexpr DimOrder kDimOrder = MakeDimOrder();
 
+// kSlotOf: the inverse of kDimOrder (the slot that holds each dim), for the final store.
+struct SlotOf {
+  alignas(64) int32_t fp8[64];
+  alignas(64) int32_t bf16[64];
+};
+constexpr SlotOf MakeSlotOf() {
+  SlotOf o{};
+  for (int s = 0; s < 64; ++s) {
+    o.fp8[kDimOrder.fp8[s]] = s;
+    o.bf16[kDimOrder.bf16[s]] = s;
+  }
+  return o;
+}
+alignas(64) constexpr SlotOf kSlotOf = MakeSlotOf();
+
 // The VPERMB patterns that spread four 16-token FP8 K rows d..d+3 (64 bytes) into the high
 // bytes of 16-bit lanes: k_lo puts (row d, row d+1) of token t into lanes 2t, 2t + 1, k_hi rows
 // d+2, d+3 (the low bytes are zeroed by the mask); and the VPERMW pattern that puts BF16 rows
@@ -207,48 +222,88 @@ struct Column {
   size_t stride;
 };
 
+// KPairs returns, for 16 tokens of one kv head's K (column `col`), dims (d, d+1) of each token
+// in *lo and dims (d+2, d+3) in *hi, as BF16 pairs in token order (see the file comment).
+template <bool kFp8>
+KVG_BF16DOT_TARGET inline void KPairs(const Column& col, int d, __m512i idx_lo, __m512i idx_hi,
+                                      __m512i* lo, __m512i* hi) {
+  if constexpr (kFp8) {
+    const uint8_t* r = static_cast<const uint8_t*>(col.k) + static_cast<size_t>(d) * col.stride;
+    const __m512i x = Load4Rows(r, col.stride);
+    *lo = Fp8Words(_mm512_maskz_permutexvar_epi8(kHighBytes, idx_lo, x));
+    *hi = Fp8Words(_mm512_maskz_permutexvar_epi8(kHighBytes, idx_hi, x));
+  } else {
+    const uint16_t* r = static_cast<const uint16_t*>(col.k) + static_cast<size_t>(d) * col.stride;
+    *lo = _mm512_permutexvar_epi16(idx_lo, Load2Rows16(r, col.stride));
+    *hi = _mm512_permutexvar_epi16(idx_lo, Load2Rows16(r + 2 * col.stride, col.stride));
+  }
+}
+
 // ScoresColumns writes, for the GT heads of a tile and each of `n` columns,
 // scores[h * score_stride + 16 i + j] (j < 16) = the dot product of head h's query (BF16 pairs
-// qp + h * qp_stride) with token j of column i. `pf_lines` queued lines are requested per column.
-template <int GT, bool kFp8>
+// qp + h * qp_stride) with token j of column i. NC columns share one pass over the query pairs
+// (n must be a multiple of NC): each query broadcast then feeds NC columns, and the 2 GT NC
+// accumulators are independent dependency chains. VDPBF16PS has a latency of several cycles and
+// issues twice per cycle, so the 8 chains of a 4-head tile over one column leave the pipes
+// idle; two columns (16 chains) keep them fed (measured on Zen 5: see bench/results/kernels.md).
+// `pf_lines` queued lines are requested per column.
+template <int GT, int NC, bool kFp8>
 KVG_BF16DOT_TARGET void ScoresColumns(const Column* cols, int n, int dim, const uint32_t* qp,
                                       size_t qp_stride, const float* unscale, float* scores,
                                       size_t score_stride, Prefetcher& pf, int pf_lines) {
   const __m512i idx_lo = _mm512_load_si512(kFp8 ? static_cast<const void*>(kConstants.k_lo)
                                                 : static_cast<const void*>(kConstants.k_pairs16));
   const __m512i idx_hi = _mm512_load_si512(kConstants.k_hi);
-  for (int i = 0; i < n; ++i) {
-    pf.Issue(pf_lines);
-    const size_t stride = cols[i].stride;
-    __m512 a[GT], b[GT];
+  for (int i = 0; i < n; i += NC) {
+    pf.Issue(NC * pf_lines);
+    __m512 a[NC][GT], b[NC][GT];
+#pragma GCC unroll 2
+    for (int c = 0; c < NC; ++c) {
 #pragma GCC unroll 8
-    for (int h = 0; h < GT; ++h) a[h] = b[h] = _mm512_setzero_ps();
+      for (int h = 0; h < GT; ++h) a[c][h] = b[c][h] = _mm512_setzero_ps();
+    }
     for (int d = 0; d < dim; d += 4) {
-      __m512i lo, hi;  // dims (d, d+1) and (d+2, d+3) of tokens 0..15
-      if constexpr (kFp8) {
-        const uint8_t* r = static_cast<const uint8_t*>(cols[i].k) + static_cast<size_t>(d) * stride;
-        const __m512i x = Load4Rows(r, stride);
-        lo = Fp8Words(_mm512_maskz_permutexvar_epi8(kHighBytes, idx_lo, x));
-        hi = Fp8Words(_mm512_maskz_permutexvar_epi8(kHighBytes, idx_hi, x));
-      } else {
-        const uint16_t* r =
-            static_cast<const uint16_t*>(cols[i].k) + static_cast<size_t>(d) * stride;
-        lo = _mm512_permutexvar_epi16(idx_lo, Load2Rows16(r, stride));
-        hi = _mm512_permutexvar_epi16(idx_lo, Load2Rows16(r + 2 * stride, stride));
-      }
+      __m512i lo[NC], hi[NC];  // dims (d, d+1) and (d+2, d+3) of tokens 0..15 of each column
+#pragma GCC unroll 2
+      for (int c = 0; c < NC; ++c) KPairs<kFp8>(cols[i + c], d, idx_lo, idx_hi, &lo[c], &hi[c]);
       const uint32_t* q = qp + d / 2;
 #pragma GCC unroll 8
       for (int h = 0; h < GT; ++h) {
-        a[h] = Dot(a[h], lo, _mm512_set1_epi32(static_cast<int>(q[h * qp_stride])));
-        b[h] = Dot(b[h], hi, _mm512_set1_epi32(static_cast<int>(q[h * qp_stride + 1])));
+        const __m512i q01 = _mm512_set1_epi32(static_cast<int>(q[h * qp_stride]));
+        const __m512i q23 = _mm512_set1_epi32(static_cast<int>(q[h * qp_stride + 1]));
+#pragma GCC unroll 2
+        for (int c = 0; c < NC; ++c) {
+          a[c][h] = Dot(a[c][h], lo[c], q01);
+          b[c][h] = Dot(b[c][h], hi[c], q23);
+        }
       }
     }
+#pragma GCC unroll 2
+    for (int c = 0; c < NC; ++c) {
 #pragma GCC unroll 8
-    for (int h = 0; h < GT; ++h) {
-      _mm512_storeu_ps(scores + h * score_stride + 16 * i,
-                       _mm512_mul_ps(_mm512_add_ps(a[h], b[h]), _mm512_set1_ps(unscale[h])));
+      for (int h = 0; h < GT; ++h) {
+        _mm512_storeu_ps(
+            scores + h * score_stride + 16 * (i + c),
+            _mm512_mul_ps(_mm512_add_ps(a[c][h], b[c][h]), _mm512_set1_ps(unscale[h])));
+      }
     }
   }
+}
+
+// ScoresTile runs ScoresColumns for one tile of GT heads: columns in pairs while the tile is
+// small enough for the 2 x 2 GT accumulators and 4 operands to fit the 32 vector registers.
+template <int GT, bool kFp8>
+KVG_BF16DOT_TARGET void ScoresTile(const Column* cols, int n, int dim, const uint32_t* qp,
+                                   size_t qp_stride, const float* unscale, float* scores,
+                                   size_t score_stride, Prefetcher& pf, int pf_lines) {
+  int paired = 0;
+  if constexpr (GT <= 4) {
+    paired = n / 2 * 2;
+    ScoresColumns<GT, 2, kFp8>(cols, paired, dim, qp, qp_stride, unscale, scores, score_stride, pf,
+                               pf_lines);
+  }
+  ScoresColumns<GT, 1, kFp8>(cols + paired, n - paired, dim, qp, qp_stride, unscale,
+                             scores + 16 * paired, score_stride, pf, pf_lines);
 }
 
 template <bool kFp8>
@@ -261,9 +316,9 @@ KVG_BF16DOT_TARGET void ScoresTiles(int group, const Column* cols, int n, int di
     const float* u = unscale + h;
     float* s = scores + static_cast<size_t>(h) * score_stride;
     switch (std::min(kScoreTile, group - h)) {
-#define KVG_CASE(g)                                                                       \
-  case g:                                                                                 \
-    ScoresColumns<g, kFp8>(cols, n, dim, q, qp_stride, u, s, score_stride, pf, pf_lines); \
+#define KVG_CASE(g)                                                                    \
+  case g:                                                                              \
+    ScoresTile<g, kFp8>(cols, n, dim, q, qp_stride, u, s, score_stride, pf, pf_lines); \
     break;
       KVG_CASE(1)
       KVG_CASE(2)
@@ -273,7 +328,7 @@ KVG_BF16DOT_TARGET void ScoresTiles(int group, const Column* cols, int n, int di
       KVG_CASE(6)
       KVG_CASE(7)
       default:
-        ScoresColumns<8, kFp8>(cols, n, dim, q, qp_stride, u, s, score_stride, pf, pf_lines);
+        ScoresTile<8, kFp8>(cols, n, dim, q, qp_stride, u, s, score_stride, pf, pf_lines);
         break;
 #undef KVG_CASE
     }
@@ -439,6 +494,23 @@ KVG_BF16DOT_TARGET void SoftmaxToBf16(const float* scores, int count, float p_sc
   *max = new_max;
 }
 
+// StoreInDimOrder writes out[d] = acc[slot_of[d]] * norm for the 64 dims of one chunk (acc in
+// slot order): two two-source permutes per 16 dims, picked by bit 5 of the slot.
+KVG_BF16DOT_TARGET inline void StoreInDimOrder(const float* acc, const int32_t* slot_of, float norm,
+                                               float* out) {
+  const __m512 a0 = _mm512_loadu_ps(acc), a1 = _mm512_loadu_ps(acc + 16);
+  const __m512 a2 = _mm512_loadu_ps(acc + 32), a3 = _mm512_loadu_ps(acc + 48);
+  const __m512 n = _mm512_set1_ps(norm);
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {
+    const __m512i idx = _mm512_load_si512(slot_of + 16 * j);
+    const __mmask16 upper = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(32));
+    const __m512 lo = _mm512_permutex2var_ps(a0, idx, a1);  // slot bits 0-4
+    const __m512 hi = _mm512_permutex2var_ps(a2, idx, a3);
+    _mm512_storeu_ps(out + 16 * j, _mm512_mul_ps(_mm512_mask_blend_ps(upper, lo, hi), n));
+  }
+}
+
 // Per-thread working memory, grown on demand and reused across calls.
 struct Scratch {
   std::vector<uint32_t> qp;          // [heads, dim / 2] BF16 query pairs
@@ -505,8 +577,13 @@ KVG_BF16DOT_TARGET void Attend(const PagedKvView& kv, int group, float softmax_s
     unscale[h] = 1.0f;
     if constexpr (kFp8) {
       factor *= kv.k_scale[task.kv_head + h / group];
-      float amax = 0.0f;
-      for (int d = 0; d < dim; ++d) amax = std::max(amax, std::fabs(q[d] * factor));
+      // max |q[d] * factor| = max |q[d]| * |factor| (rounding is monotonic); a NaN q[d] is
+      // skipped (MAXPS returns its second operand when the first is NaN).
+      __m512 qmax = _mm512_setzero_ps();
+      for (int d = 0; d < dim; d += 16) {
+        qmax = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(q + d)), qmax);
+      }
+      const float amax = _mm512_reduce_max_ps(qmax) * std::fabs(factor);
       int e = 0;
       if (amax > 0.0f && std::isfinite(amax)) std::frexp(amax, &e);  // amax < 2^e
       shift = std::clamp(125 - e, 0, 250);
@@ -629,7 +706,7 @@ KVG_BF16DOT_TARGET void Attend(const PagedKvView& kv, int group, float softmax_s
   // Accumulator slots back into dim order. The accumulator is sum_t p_t v_t * kProbScale * (FP8:
   // 2^-120 / v_scale), so output = acc * kOutScale / sum, with kOutScale = v_scale * 2^10 for FP8
   // and 1 for BF16; a partial state holds acc * kOutScale / VFactor (attention.cc's units).
-  const int* order = kFp8 ? kDimOrder.fp8 : kDimOrder.bf16;
+  const int32_t* slot_of = kFp8 ? kSlotOf.fp8 : kSlotOf.bf16;
   for (int g = 0; g < task.kv_heads; ++g) {
     const int kv_head = task.kv_head + g;
     const float out_scale = kFp8 ? kv.v_scale[kv_head] * 1024.0f : 1.0f;
@@ -647,9 +724,7 @@ KVG_BF16DOT_TARGET void Attend(const PagedKvView& kv, int group, float softmax_s
           task.partial >= 0 ? out_scale / VFactor(kv, kv_head) : out_scale / sum[base + h];
       const float* a = s.acc.data() + static_cast<size_t>(base + h) * dim;
       float* out = dst + static_cast<size_t>(h) * dim;
-      for (int c = 0; c < dim; c += 64) {
-        for (int slot = 0; slot < 64; ++slot) out[c + order[slot]] = a[c + slot] * norm;
-      }
+      for (int c = 0; c < dim; c += 64) StoreInDimOrder(a + c, slot_of, norm, out + c);
     }
   }
 }
