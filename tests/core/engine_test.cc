@@ -132,17 +132,27 @@ TEST(EngineTest, GrowthReservationAvoidsPreemption) {
   for (const auto& p : kPrompts) alone.push_back(RunAlone(p, 60));
   EngineOptions eo;
   eo.admission_ratio = eo.admission_ratio_min = 1.0;
-  auto engine = MakeEngine(10, 64, eo);
-  std::vector<RequestId> ids;
-  for (const auto& p : kPrompts) ids.push_back(*engine->Submit(Greedy(p, 60)));
-  for (size_t i = 0; i < ids.size(); ++i) {
-    const GenerationResult r = *engine->Wait(ids[i]);
-    EXPECT_EQ(r.reason, FinishReason::kLength);
-    EXPECT_EQ(r.tokens, alone[i]) << kPrompts[i];
+  // Whether two requests ever decode in one step is timing: the prefill worker must admit the
+  // second before the decode worker has run the first's 60 steps, and on a loaded machine the
+  // prefill thread can be descheduled for all of them (seen once in a full ctest run under
+  // load). So sharing must show in one of up to five runs; a reservation that serialised every
+  // request would never share. Everything else is deterministic and checked on every run.
+  int max_running = 0;
+  for (int attempt = 0; attempt < 5 && max_running <= 1; ++attempt) {
+    auto engine = MakeEngine(10, 64, eo);
+    std::vector<RequestId> ids;
+    for (const auto& p : kPrompts) ids.push_back(*engine->Submit(Greedy(p, 60)));
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const GenerationResult r = *engine->Wait(ids[i]);
+      EXPECT_EQ(r.reason, FinishReason::kLength);
+      EXPECT_EQ(r.tokens, alone[i]) << kPrompts[i];
+    }
+    const EngineStats stats = engine->stats();
+    EXPECT_EQ(stats.preemptions, 0);
+    EXPECT_EQ(stats.free_pages, stats.total_pages);
+    max_running = stats.max_running;
   }
-  EXPECT_EQ(engine->stats().preemptions, 0);
-  EXPECT_GT(engine->stats().max_running, 1) << "reservation must still let requests share steps";
-  EXPECT_EQ(engine->stats().free_pages, engine->stats().total_pages);
+  EXPECT_GT(max_running, 1) << "reservation must still let requests share steps";
 }
 
 // A preemption raises the admission ratio to 1 (the raise then decays per step, here not at
