@@ -243,10 +243,10 @@ KVG_BF16DOT_TARGET inline void KPairs(const Column& col, int d, __m512i idx_lo, 
 // scores[h * score_stride + 16 i + j] (j < 16) = the dot product of head h's query (BF16 pairs
 // qp + h * qp_stride) with token j of column i. NC columns share one pass over the query pairs
 // (n must be a multiple of NC): each query broadcast then feeds NC columns, and the 2 GT NC
-// accumulators are independent dependency chains. VDPBF16PS has a latency of several cycles and
-// issues twice per cycle, so the 8 chains of a 4-head tile over one column leave the pipes
-// idle; two columns (16 chains) keep them fed (measured on Zen 5: see bench/results/kernels.md).
-// `pf_lines` queued lines are requested per column.
+// accumulators are independent dependency chains: with one column a 4-head tile has only 8
+// chains of a multi-cycle VDPBF16PS latency. Two columns at once measured +10% (FP8) and +13%
+// (BF16) on a cache-resident step on Zen 5 (bench/results/kernels.md, together with the
+// vectorised per-task code below). `pf_lines` queued lines are requested per column.
 template <int GT, int NC, bool kFp8>
 KVG_BF16DOT_TARGET void ScoresColumns(const Column* cols, int n, int dim, const uint32_t* qp,
                                       size_t qp_stride, const float* unscale, float* scores,
