@@ -80,8 +80,8 @@ void Check(const absl::Status& s, const char* what) {
   }
 }
 
-template <typename T>
-T* Upload(const std::vector<T>& host, std::vector<std::unique_ptr<Device>>* keep) {
+template <typename T, typename Alloc>
+T* Upload(const std::vector<T, Alloc>& host, std::vector<std::unique_ptr<Device>>* keep) {
   keep->push_back(std::make_unique<Device>(std::max<size_t>(1, host.size() * sizeof(T))));
   Check(cudaMemcpy(keep->back()->p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
         "upload");

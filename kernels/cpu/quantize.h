@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/cpu/huge_page_allocator.h"
 #include "kernels/formats.h"
 
 namespace kvguard::kernels {
@@ -17,9 +18,9 @@ struct QuantizedMatrix {
   WeightFormat format = WeightFormat::kFp32;
   int rows = 0;
   int cols = 0;
-  int group = 0;                      // INT4 only
-  std::vector<uint8_t> data;          // bytes of the codes, layout per format (formats.h)
-  std::vector<float> row_scales;      // FP8: [rows]
+  int group = 0;                       // INT4 only
+  HugePageVector<uint8_t> data;        // bytes of the codes, layout per format (formats.h)
+  std::vector<float> row_scales;       // FP8: [rows]
   std::vector<uint16_t> group_scales;  // INT4: fp16 [rows, cols / group]
 
   WeightView view() const;

@@ -38,9 +38,7 @@ void ThreadPool::RunChunks(uint64_t epoch) {
     if (index >= chunks_.load(std::memory_order_relaxed)) return;
     if (!cursor_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) continue;
     // Claimed: the job cannot change until this chunk is counted in done_.
-    const int64_t begin = index * chunk_span_;
-    const int64_t end = std::min(n_, begin + chunk_span_);
-    (*fn_)(begin, end);
+    (*fn_)(bounds_[index], bounds_[index + 1]);
     if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 ==
         chunks_.load(std::memory_order_relaxed)) {
       done_.notify_one();
@@ -67,7 +65,8 @@ void ThreadPool::WorkerLoop() {
 }
 
 void ThreadPool::ParallelFor(int64_t n, int64_t grain,
-                             const std::function<void(int64_t, int64_t)>& fn) {
+                             const std::function<void(int64_t, int64_t)>& fn,
+                             int64_t chunks_per_thread) {
   if (n <= 0) return;
   grain = std::max<int64_t>(grain, 1);
   const int64_t units = (n + grain - 1) / grain;
@@ -75,12 +74,25 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
     fn(0, n);
     return;
   }
-  const int64_t want = std::min<int64_t>(units, size() * kChunksPerThread);
-  const int64_t units_per_chunk = (units + want - 1) / want;
-  const int64_t chunks = (units + units_per_chunk - 1) / units_per_chunk;
+  chunks_per_thread = std::clamp<int64_t>(chunks_per_thread, 1, kChunksPerThread);
+  const int64_t threads = size();
+  const int64_t chunks = std::min<int64_t>(units, threads * chunks_per_thread);
+  // Guided sizes (see the header): chunk i weighs ceil((chunks - i) / threads), e.g. 4 4 3 3 2 2
+  // 1 1 for 8 chunks on 2 threads. Where units are too few for the weights to hold whole units,
+  // equal weights. Every chunk gets at least one unit: boundaries strictly increase.
+  const bool guided = units >= 4 * chunks;
+  int64_t total_weight = 0;
+  for (int64_t i = 0; i < chunks; ++i) {
+    total_weight += guided ? (chunks - i + threads - 1) / threads : 1;
+  }
+  bounds_.resize(static_cast<size_t>(chunks) + 1);
+  bounds_[0] = 0;
+  for (int64_t i = 0, weight = 0; i < chunks; ++i) {
+    weight += guided ? (chunks - i + threads - 1) / threads : 1;
+    const int64_t unit_end = std::max(units * weight / total_weight, bounds_[i] / grain + 1);
+    bounds_[i + 1] = std::min(n, unit_end * grain);
+  }
   fn_ = &fn;
-  n_ = n;
-  chunk_span_ = units_per_chunk * grain;
   chunks_.store(chunks, std::memory_order_relaxed);
   done_.store(0, std::memory_order_relaxed);
   const uint64_t epoch = ++epoch_;

@@ -20,13 +20,17 @@ class DeviceBuffer {
   explicit DeviceBuffer(size_t count) : count_(count) {
     EXPECT_EQ(cudaMalloc(&p_, count * sizeof(T) + 1), cudaSuccess);
   }
-  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { Upload(host); }
+  template <typename Alloc>
+  explicit DeviceBuffer(const std::vector<T, Alloc>& host) : DeviceBuffer(host.size()) {
+    Upload(host);
+  }
   ~DeviceBuffer() { cudaFree(p_); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
   T* get() const { return static_cast<T*>(p_); }
-  void Upload(const std::vector<T>& host) {
+  template <typename Alloc>
+  void Upload(const std::vector<T, Alloc>& host) {
     ASSERT_LE(host.size(), count_);
     ASSERT_EQ(cudaMemcpy(p_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
               cudaSuccess);

@@ -5,6 +5,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -58,6 +60,41 @@ TEST(ThreadPoolTest, WorkIsSharedWithWorkers) {
     chunks.fetch_add(1);
   });
   EXPECT_EQ(chunks.load(), 1);
+}
+
+// Chunk sizes: guided (shrinking, so the threads finish together) at the default of
+// kChunksPerThread per thread; equal, one per thread, when the caller asks for one; equal when
+// the range holds too few units for the guided weights.
+TEST(ThreadPoolTest, ChunksShrinkTowardsTheEndAndHonourChunksPerThread) {
+  ThreadPool pool(2);
+  auto chunk_sizes = [&](int64_t n, int64_t grain, int64_t per_thread) {
+    std::mutex mu;
+    std::map<int64_t, int64_t> sizes;  // begin -> size, in range order
+    pool.ParallelFor(
+        n, grain,
+        [&](int64_t b, int64_t e) {
+          std::lock_guard<std::mutex> lock(mu);
+          sizes[b] = e - b;
+        },
+        per_thread);
+    std::vector<int64_t> out;
+    for (const auto& [b, size] : sizes) out.push_back(size);
+    return out;
+  };
+  // 2048 rows in blocks of 16 (a 2048-row matrix): weights 4 4 3 3 2 2 1 1 of 20 over 128
+  // units; chunk i ends at unit floor(128 * (cumulative weight) / 20): 25 51 70 89 102 115 121 128.
+  EXPECT_EQ(chunk_sizes(2048, 16, ThreadPool::kChunksPerThread),
+            (std::vector<int64_t>{400, 416, 304, 304, 208, 208, 96, 112}));
+  // Positive twin of the shrinking: one chunk per thread is an even split.
+  EXPECT_EQ(chunk_sizes(2048, 16, 1), (std::vector<int64_t>{1024, 1024}));
+  // Out-of-range requests are clamped to [1, kChunksPerThread].
+  EXPECT_EQ(chunk_sizes(2048, 16, 0), (std::vector<int64_t>{1024, 1024}));
+  EXPECT_EQ(chunk_sizes(2048, 16, 100).size(), size_t{2 * ThreadPool::kChunksPerThread});
+  // 16 units for 8 chunks: too few for the weights, so equal chunks of 2 units.
+  EXPECT_EQ(chunk_sizes(256, 16, ThreadPool::kChunksPerThread), (std::vector<int64_t>(8, 32)));
+  // A ragged end (n not a multiple of the grain, 129 units) goes to the last chunk only.
+  EXPECT_EQ(chunk_sizes(2050, 16, ThreadPool::kChunksPerThread),
+            (std::vector<int64_t>{400, 416, 304, 320, 208, 208, 96, 98}));
 }
 
 // Many back-to-back calls (the decode-step pattern) neither lose nor repeat work, and the
