@@ -49,20 +49,29 @@ def verify_audit_log(server):
 
 
 def test_sigterm_lets_in_flight_requests_finish(tmp_path):
-    s = Server(tmp_path, model="small", extra=["--shutdown-deadline-ms", "60000"])
-    streams = [Stream(s, t, 120) for t in ("acme", "beta")]
+    # The streams must still be running when the probe below arrives. FP32 decode weights (8x
+    # the bytes of INT4) keep `small` at tens of tokens/s per stream instead of hundreds: with
+    # INT4, 120 tokens (the first choice) came to finish inside the 0.2 s wait once the decode
+    # kernels got faster, and the probe then found the server gone. The deadline leaves room
+    # for the much slower sanitizer builds.
+    s = Server(tmp_path, model="small",
+               extra=["--shutdown-deadline-ms", "600000", "--decode-weights", "fp32"])
+    streams = [Stream(s, t, 200) for t in ("acme", "beta")]
     for st in streams:
         st.start()
     for st in streams:
         assert st.started.wait(60)
     s.proc.send_signal(signal.SIGTERM)
     time.sleep(0.2)
+    # Precondition, so that a run that cannot observe draining fails with its reason.
+    assert all(st.is_alive() for st in streams), [(st.chunks, st.finish_reason, st.error)
+                                                  for st in streams]
     # Draining: a new request is refused (503) while the others finish.
     r = httpx.post(s.base + "/v1/completions", timeout=10, json={"model": "small", "prompt": "x"},
                    headers={"Authorization": f"Bearer {TENANTS['gamma']['key']}"})
     assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down"
     for st in streams:
-        st.join(120)
+        st.join(600)
         assert st.error is None, st.error
         assert st.finish_reason == "length"
     assert s.proc.wait(60) == 0
@@ -72,8 +81,9 @@ def test_sigterm_lets_in_flight_requests_finish(tmp_path):
 
 
 def test_sigterm_cancels_at_the_deadline(tmp_path):
-    s = Server(tmp_path, model="small", extra=["--shutdown-deadline-ms", "300"])
-    st = Stream(s, "acme", 400)  # ~2 s of decoding: still running at the deadline
+    s = Server(tmp_path, model="small",
+               extra=["--shutdown-deadline-ms", "300", "--decode-weights", "fp32"])
+    st = Stream(s, "acme", 400)  # seconds of FP32 decoding: still running at the deadline
     st.start()
     assert st.started.wait(60)
     start = time.time()
