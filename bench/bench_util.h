@@ -3,13 +3,12 @@
 #ifndef KVGUARD_BENCH_BENCH_UTIL_H_
 #define KVGUARD_BENCH_BENCH_UTIL_H_
 
-#include <sys/mman.h>
-
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 
+#include "kernels/cpu/huge_page_allocator.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace kvguard::bench {
@@ -36,11 +35,10 @@ struct FreeDeleter {
 // 4 KiB pages, scattered KV pages cost a TLB miss each, which the engine never pays.
 template <typename T>
 std::unique_ptr<T[], FreeDeleter> AllocTouched(size_t count) {
-  const size_t align = size_t{2} << 20;
+  const size_t align = kernels::kHugePageBytes;
   const size_t bytes = (count * sizeof(T) + align - 1) / align * align;
-  void* p = std::aligned_alloc(align, bytes);
+  void* p = kernels::AllocateHugePageBacked(bytes);
   if (p == nullptr) std::abort();
-  madvise(p, bytes, MADV_HUGEPAGE);  // advisory; THP "madvise" mode needs it
   std::memset(p, 1, bytes);
   return std::unique_ptr<T[], FreeDeleter>(static_cast<T*>(p));
 }

@@ -1,7 +1,5 @@
 #include "core/kv_pool.h"
 
-#include <sys/mman.h>
-
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -9,6 +7,7 @@
 #include "absl/base/internal/raw_logging.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/codec.h"
+#include "kernels/cpu/huge_page_allocator.h"
 
 namespace kvguard::core {
 
@@ -45,19 +44,19 @@ absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(const ModelConfig& config
   // 2 MiB alignment lets a large pool sit on transparent huge pages; a pool smaller than one
   // huge page (tests, fuzzing) is only cache-line aligned rather than rounded up to 2 MiB.
   const size_t used = pages * page_bytes;
-  const size_t align = used >= (size_t{2} << 20) ? size_t{2} << 20 : size_t{64};
+  const bool huge = used >= kernels::kHugePageBytes;
+  const size_t align = huge ? kernels::kHugePageBytes : size_t{64};
   const size_t bytes = (used + align - 1) / align * align;
-  void* base = std::aligned_alloc(align, bytes);
+  // Huge-page advice comes before the first touch (AllocateHugePageBacked): advice given after
+  // the pages are faulted in (as this code did until 2026-12-02) leaves them on 4 KiB pages until
+  // khugepaged gets round to them (measured: `kvguard generate --model medium --kv-cache-bytes
+  // 256M` had 16 MiB of AnonHugePages with the old order, 1.34 GiB with this one and huge-page
+  // weights, 1.08 GiB with huge-page weights alone). Advisory: refused advice costs speed.
+  void* base = huge ? kernels::AllocateHugePageBacked(bytes) : std::aligned_alloc(align, bytes);
   if (base == nullptr) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot allocate ", bytes, " bytes for the KV cache"));
   }
-  // Huge-page advice before the first touch: advice given after the pages are faulted in (as
-  // this code did until 2026-12-02) leaves them on 4 KiB pages until khugepaged gets round to
-  // them (measured: `kvguard generate --model medium --kv-cache-bytes 256M` had 16 MiB of
-  // AnonHugePages with the old order, 1.34 GiB with this one and huge-page weights, 1.08 GiB with
-  // huge-page weights alone). Advisory: refused advice costs speed.
-  madvise(base, bytes, MADV_HUGEPAGE);
   // Zeroed before any page is granted: heap memory may hold a previous pool's KV, and a
   // page's first owner must never be able to see leftovers from before this pool existed. This
   // also faults every page in now, not inside a decode step.

@@ -31,6 +31,19 @@ namespace kvguard::kernels {
 
 inline constexpr size_t kHugePageBytes = size_t{2} << 20;
 
+// AllocateHugePageBacked returns `bytes` of 2 MiB-aligned memory whose whole 2 MiB pages are
+// advised MADV_HUGEPAGE before anything touches them, or nullptr when out of memory; release it
+// with std::free. The one place that does this: the allocator below, the KV pool and the
+// benchmarks' buffers all use it.
+inline void* AllocateHugePageBacked(size_t bytes) {
+  // posix_memalign, not aligned_alloc: C11's aligned_alloc wants the size to be a multiple of
+  // the alignment (and AddressSanitizer enforces that), which would round every matrix up.
+  void* p = nullptr;
+  if (posix_memalign(&p, kHugePageBytes, bytes) != 0) return nullptr;
+  madvise(p, bytes / kHugePageBytes * kHugePageBytes, MADV_HUGEPAGE);
+  return p;
+}
+
 template <typename T>
 struct HugePageAllocator {
   using value_type = T;
@@ -43,11 +56,8 @@ struct HugePageAllocator {
     if (n > static_cast<size_t>(-1) / sizeof(T)) throw std::bad_array_new_length();
     const size_t bytes = n * sizeof(T);
     if (bytes < kHugePageBytes) return std::allocator<T>().allocate(n);
-    // posix_memalign, not aligned_alloc: C11's aligned_alloc wants the size to be a multiple of
-    // the alignment (and AddressSanitizer enforces that), which would round every matrix up.
-    void* p = nullptr;
-    if (posix_memalign(&p, kHugePageBytes, bytes) != 0) throw std::bad_alloc();
-    madvise(p, bytes / kHugePageBytes * kHugePageBytes, MADV_HUGEPAGE);
+    void* p = AllocateHugePageBacked(bytes);
+    if (p == nullptr) throw std::bad_alloc();
     return static_cast<T*>(p);
   }
 
