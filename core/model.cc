@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <initializer_list>
 #include <mutex>
 #include <numeric>
 #include <string>
@@ -69,25 +70,30 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const WeightSource& source,
   if (auto s = read("token_embd.weight", &m->token_embd_); !s.ok()) return s;
   if (auto s = read("output_norm.weight", &m->output_norm_); !s.ok()) return s;
 
-  // Every matrix is a job: read it as FP32, quantise it into both phases' formats (sharing
-  // one matrix when they agree), drop the FP32 copy. Jobs run on all cores: quantising the
-  // medium model's 1.1e9 weights twice is the bulk of its load time.
+  // Every matrix is a job: read its tensors as FP32 (several, stacked by rows, for a fused
+  // matrix: see Layer), quantise it into both phases' formats (sharing one matrix when they
+  // agree), drop the FP32 copy. Jobs run on all cores: quantising the medium model's 1.1e9
+  // weights twice is the bulk of its load time.
   struct Job {
-    std::string name;
-    const QuantizedMatrix** out;  // [2]: prefill, decode
+    std::vector<std::string> names;  // tensors of one width, stacked in this order
+    const QuantizedMatrix** out;     // [2]: prefill, decode
   };
   std::vector<Job> jobs;
-  jobs.push_back({c.tied_embeddings ? "token_embd.weight" : "output.weight", m->output_});
+  jobs.push_back({{c.tied_embeddings ? "token_embd.weight" : "output.weight"}, m->output_});
   m->layers_.resize(c.n_layers);
   for (int l = 0; l < c.n_layers; ++l) {
     Layer& L = m->layers_[l];
     if (auto s = read(LayerTensorName(l, "attn_norm.weight"), &L.attn_norm); !s.ok()) return s;
     if (auto s = read(LayerTensorName(l, "ffn_norm.weight"), &L.ffn_norm); !s.ok()) return s;
-    const std::pair<const char*, const QuantizedMatrix**> mats[] = {
-        {"attn_q.weight", L.wq},      {"attn_k.weight", L.wk},     {"attn_v.weight", L.wv},
-        {"attn_output.weight", L.wo}, {"ffn_gate.weight", L.gate}, {"ffn_up.weight", L.up},
-        {"ffn_down.weight", L.down}};
-    for (const auto& [suffix, dst] : mats) jobs.push_back({LayerTensorName(l, suffix), dst});
+    auto names = [l](std::initializer_list<const char*> suffixes) {
+      std::vector<std::string> out;
+      for (const char* suffix : suffixes) out.push_back(LayerTensorName(l, suffix));
+      return out;
+    };
+    jobs.push_back({names({"attn_q.weight", "attn_k.weight", "attn_v.weight"}), L.qkv});
+    jobs.push_back({names({"attn_output.weight"}), L.wo});
+    jobs.push_back({names({"ffn_gate.weight", "ffn_up.weight"}), L.gate_up});
+    jobs.push_back({names({"ffn_down.weight"}), L.down});
   }
   const int int4_group = options.int4_group;
   std::mutex mu;
@@ -96,11 +102,28 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const WeightSource& source,
   // RunJobs quantises `values` [rows, cols] for job `job` (decode format per
   // DecodeMatrixFormat; INT4 fallbacks are counted in int4_fallbacks_).
   auto run_jobs = [&] {
-    std::vector<float> w;
+    std::vector<float> w, part;
     for (size_t j; (j = next.fetch_add(1)) < jobs.size();) {
       int rows = 0, cols = 0;
-      absl::Status s = TensorShape(c, jobs[j].name, &rows, &cols);
-      if (s.ok()) s = read(jobs[j].name, &w);
+      absl::Status s;
+      w.clear();
+      for (const std::string& name : jobs[j].names) {
+        int part_rows = 0, part_cols = 0;
+        s = TensorShape(c, name, &part_rows, &part_cols);
+        if (s.ok() && rows > 0 && part_cols != cols) {
+          s = absl::InternalError(absl::StrCat(name, ": width ", part_cols, " differs from ",
+                                               jobs[j].names[0], "'s ", cols));
+        }
+        if (s.ok()) s = read(name, &part);
+        if (!s.ok()) break;
+        rows += part_rows;
+        cols = part_cols;
+        if (w.empty()) {
+          w.swap(part);
+        } else {
+          w.insert(w.end(), part.begin(), part.end());
+        }
+      }
       if (!s.ok()) {
         std::lock_guard<std::mutex> lock(mu);
         if (first_error.ok()) first_error = s;
@@ -145,7 +168,7 @@ size_t Model::DecodeWeightBytesPerStep() const {
   size_t bytes = kernels::WeightBytes(output_[kDecode]->view());
   for (const Layer& L : layers_) {
     for (const QuantizedMatrix* q :
-         {L.wq[1], L.wk[1], L.wv[1], L.wo[1], L.gate[1], L.up[1], L.down[1]}) {
+         {L.qkv[kDecode], L.wo[kDecode], L.gate_up[kDecode], L.down[kDecode]}) {
       bytes += kernels::WeightBytes(q->view());
     }
   }
@@ -173,23 +196,31 @@ struct Scratch {
   void Resize(const ModelConfig& c, int rows) {
     x.resize(size_t(rows) * c.dim);
     xb.resize(size_t(rows) * c.dim);
-    q.resize(size_t(rows) * c.q_dim());
-    k.resize(size_t(rows) * c.kv_dim());
-    v.resize(size_t(rows) * c.kv_dim());
+    qkv.resize(size_t(rows) * QkvDim(c));
     att.resize(size_t(rows) * c.q_dim());
     proj.resize(size_t(rows) * c.dim);
+    gate_up.resize(size_t(rows) * 2 * c.ffn_dim);
     gate.resize(size_t(rows) * c.ffn_dim);
-    up.resize(size_t(rows) * c.ffn_dim);
   }
-  std::vector<float> x;     // [rows, dim] residual stream
-  std::vector<float> xb;    // [rows, dim] normalised block input
-  std::vector<float> q;     // [rows, n_heads, head_dim]
-  std::vector<float> k;     // [rows, n_kv_heads, head_dim]
-  std::vector<float> v;     // [rows, n_kv_heads, head_dim]
-  std::vector<float> att;   // [rows, n_heads, head_dim] attention output
-  std::vector<float> proj;  // [rows, dim] block output before the residual add
-  std::vector<float> gate;  // [rows, ffn_dim]
-  std::vector<float> up;    // [rows, ffn_dim]
+  static int QkvDim(const ModelConfig& c) { return c.q_dim() + 2 * c.kv_dim(); }
+  // Row r's Q [n_heads, head_dim], K and V [n_kv_heads, head_dim], inside qkv.
+  float* q(const ModelConfig& c, int r) { return &qkv[size_t(r) * QkvDim(c)]; }
+  float* k(const ModelConfig& c, int r) { return q(c, r) + c.q_dim(); }
+  float* v(const ModelConfig& c, int r) { return k(c, r) + c.kv_dim(); }
+  // SiluGate writes gate[r] = silu(gate rows of gate_up) * (up rows of gate_up), row by row.
+  void SiluGate(const ModelConfig& c, int rows) {
+    for (int r = 0; r < rows; ++r) {
+      const float* g = &gate_up[size_t(r) * 2 * c.ffn_dim];
+      kernels::SiluMul(g, g + c.ffn_dim, c.ffn_dim, &gate[size_t(r) * c.ffn_dim]);
+    }
+  }
+  std::vector<float> x;        // [rows, dim] residual stream
+  std::vector<float> xb;       // [rows, dim] normalised block input
+  std::vector<float> qkv;      // [rows, q_dim + 2 kv_dim]: the fused projection's output
+  std::vector<float> att;      // [rows, n_heads, head_dim] attention output
+  std::vector<float> proj;     // [rows, dim] block output before the residual add
+  std::vector<float> gate_up;  // [rows, 2 ffn_dim]: gate, then up
+  std::vector<float> gate;     // [rows, ffn_dim]: silu(gate) * up, the down projection's input
 };
 
 void Embed(const std::vector<float>& table, int dim, const int* tokens, int rows, float* x) {
@@ -221,7 +252,7 @@ absl::Status Model::Prefill(std::span<const int> tokens, std::span<const PageGra
       return absl::InvalidArgumentError(absl::StrCat("token id ", t, " outside the vocabulary"));
     }
   }
-  const int hd = c.head_dim, kv_dim = c.kv_dim(), q_dim = c.q_dim();
+  const int hd = c.head_dim, q_dim = c.q_dim();
   Scratch s(c, T);
   Embed(token_embd_, c.dim, tokens.data(), T, s.x.data());
 
@@ -244,7 +275,7 @@ absl::Status Model::Prefill(std::span<const int> tokens, std::span<const PageGra
   full.page_stride = static_cast<int64_t>(c.n_kv_heads * head_elems);
   std::vector<kernels::DecodeQuery> queries(T);
   for (int t = 0; t < T; ++t) {
-    queries[t].q = &s.q[size_t(t) * q_dim];
+    queries[t].q = s.q(c, t);
     queries[t].page_table = identity.data();
     queries[t].length = t + 1;  // causal
     queries[t].out = &s.att[size_t(t) * q_dim];
@@ -272,13 +303,11 @@ absl::Status Model::Prefill(std::span<const int> tokens, std::span<const PageGra
       kernels::RmsNorm(&s.x[size_t(t) * c.dim], L.attn_norm.data(), c.dim, c.norm_eps,
                        &s.xb[size_t(t) * c.dim]);
     }
-    MatMulRows(*L.wq[kPrefill], s.xb.data(), T, s.q.data(), tp);
-    MatMulRows(*L.wk[kPrefill], s.xb.data(), T, s.k.data(), tp);
-    MatMulRows(*L.wv[kPrefill], s.xb.data(), T, s.v.data(), tp);
+    MatMulRows(*L.qkv[kPrefill], s.xb.data(), T, s.qkv.data(), tp);
     for (int t = 0; t < T; ++t) {
-      float* kt = &s.k[size_t(t) * kv_dim];
-      const float* vt = &s.v[size_t(t) * kv_dim];
-      kernels::Rope(&s.q[size_t(t) * q_dim], c.n_heads, hd, t, c.rope_theta);
+      float* kt = s.k(c, t);
+      const float* vt = s.v(c, t);
+      kernels::Rope(s.q(c, t), c.n_heads, hd, t, c.rope_theta);
       kernels::Rope(kt, c.n_kv_heads, hd, t, c.rope_theta);
       const int page = t / P, slot = t % P;
       for (int h = 0; h < c.n_kv_heads; ++h) {
@@ -307,9 +336,8 @@ absl::Status Model::Prefill(std::span<const int> tokens, std::span<const PageGra
       kernels::RmsNorm(&s.x[size_t(t) * c.dim], L.ffn_norm.data(), c.dim, c.norm_eps,
                        &s.xb[size_t(t) * c.dim]);
     }
-    MatMulRows(*L.gate[kPrefill], s.xb.data(), T, s.gate.data(), tp);
-    MatMulRows(*L.up[kPrefill], s.xb.data(), T, s.up.data(), tp);
-    kernels::SiluMul(s.gate.data(), s.up.data(), s.gate.size(), s.gate.data());
+    MatMulRows(*L.gate_up[kPrefill], s.xb.data(), T, s.gate_up.data(), tp);
+    s.SiluGate(c, T);
     MatMulRows(*L.down[kPrefill], s.gate.data(), T, s.proj.data(), tp);
     for (size_t i = 0; i < s.x.size(); ++i) s.x[i] += s.proj[i];
   }
@@ -357,14 +385,14 @@ absl::Status Model::Decode(std::span<const DecodeItem> items, KvPool& pool, floa
       }
     }
   }
-  const int hd = c.head_dim, kv_dim = c.kv_dim(), q_dim = c.q_dim();
+  const int hd = c.head_dim, q_dim = c.q_dim();
   // Reused across steps by the calling thread (the engine's decode worker), resized per call.
   thread_local Scratch s;
   s.Resize(c, B);
   Embed(token_embd_, c.dim, tokens.data(), B, s.x.data());
   std::vector<kernels::DecodeQuery> queries(B);
   for (int b = 0; b < B; ++b) {
-    queries[b].q = &s.q[size_t(b) * q_dim];
+    queries[b].q = s.q(c, b);
     queries[b].page_table = page_ids[b].data();
     queries[b].length = items[b].pos + 1;
     queries[b].out = &s.att[size_t(b) * q_dim];
@@ -381,13 +409,11 @@ absl::Status Model::Decode(std::span<const DecodeItem> items, KvPool& pool, floa
       kernels::RmsNorm(&s.x[size_t(b) * c.dim], L.attn_norm.data(), c.dim, c.norm_eps,
                        &s.xb[size_t(b) * c.dim]);
     }
-    kernels::MatMul(L.wq[kDecode]->view(), s.xb.data(), B, s.q.data(), tp);
-    kernels::MatMul(L.wk[kDecode]->view(), s.xb.data(), B, s.k.data(), tp);
-    kernels::MatMul(L.wv[kDecode]->view(), s.xb.data(), B, s.v.data(), tp);
+    kernels::MatMul(L.qkv[kDecode]->view(), s.xb.data(), B, s.qkv.data(), tp);
     for (int b = 0; b < B; ++b) {
       const int pos = items[b].pos;
-      float* kt = &s.k[size_t(b) * kv_dim];
-      kernels::Rope(&s.q[size_t(b) * q_dim], c.n_heads, hd, pos, c.rope_theta);
+      float* kt = s.k(c, b);
+      kernels::Rope(s.q(c, b), c.n_heads, hd, pos, c.rope_theta);
       kernels::Rope(kt, c.n_kv_heads, hd, pos, c.rope_theta);
       if (fault[b] >= 0) continue;  // never write into a page that is not this item's
       if (items[b].check_tags) {
@@ -400,8 +426,7 @@ absl::Status Model::Decode(std::span<const DecodeItem> items, KvPool& pool, floa
           continue;
         }
       }
-      pool.WriteToken(l, items[b].pages[static_cast<size_t>(pos / P)], pos % P, kt,
-                      &s.v[size_t(b) * kv_dim]);
+      pool.WriteToken(l, items[b].pages[static_cast<size_t>(pos / P)], pos % P, kt, s.v(c, b));
     }
     kernels::PagedDecodeAttention(pool.LayerView(l), c.n_heads, softmax_scale, queries.data(), B,
                                   tp);
@@ -414,9 +439,8 @@ absl::Status Model::Decode(std::span<const DecodeItem> items, KvPool& pool, floa
       kernels::RmsNorm(&s.x[size_t(b) * c.dim], L.ffn_norm.data(), c.dim, c.norm_eps,
                        &s.xb[size_t(b) * c.dim]);
     }
-    kernels::MatMul(L.gate[kDecode]->view(), s.xb.data(), B, s.gate.data(), tp);
-    kernels::MatMul(L.up[kDecode]->view(), s.xb.data(), B, s.up.data(), tp);
-    kernels::SiluMul(s.gate.data(), s.up.data(), s.gate.size(), s.gate.data());
+    kernels::MatMul(L.gate_up[kDecode]->view(), s.xb.data(), B, s.gate_up.data(), tp);
+    s.SiluGate(c, B);
     kernels::MatMul(L.down[kDecode]->view(), s.gate.data(), B, s.proj.data(), tp);
     for (size_t i = 0; i < s.x.size(); ++i) s.x[i] += s.proj[i];
   }

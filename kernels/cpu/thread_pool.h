@@ -45,9 +45,9 @@ class ThreadPool {
   // (guided scheduling): with c chunks per thread, the i-th chunk of every thread's round weighs
   // c - i, so the last ones to be claimed are the smallest and the threads finish close together
   // (with equal chunks, one thread waits up to a whole chunk for the other at every call; a
-  // `medium` decode step makes 155 calls, and `perf` put 7% of its samples in the two threads'
-  // waits). Measured on Zen 5, `medium` INT4 decode at batch 1 (kvguard bench, one run each,
-  // same session): 59.5 tok/s with equal chunks, 63.1 guided.
+  // `medium` decode step made 155 calls (89 since Q/K/V and gate/up are fused), and `perf` put 7%
+  // of its samples in the two threads' waits). Measured on Zen 5, `medium` INT4 decode at batch 1
+  // (kvguard bench, one run each, same session): 59.5 tok/s with equal chunks, 63.1 guided.
   void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn,
                    int64_t chunks_per_thread = kChunksPerThread);
 
