@@ -185,40 +185,65 @@ KVG_BF16DOT_TARGET inline __m512i Load2Rows16(const uint16_t* r, size_t stride) 
 // threads, 3-5 rounds x 3 reps, GB/s medians): BF16 ctx 4096 x 16 26.8 -> 34.2, 16384 x 4
 // 26.4 -> 28.7, 512 x 128 26.4 -> 29.0; FP8 4096 x 16 31.8 -> 34.1, 512 x 128 32.8 -> 34.8.
 // Without software prefetch at all: BF16 ~20 GB/s, FP8 ~15.
+// BF16 also prefetches the pair after the next one into L2 (prefetcht1, Add with `far`), at the
+// same pace: its pairs are twice FP8's (32 KiB at head_dim 128), so one pair ahead in L1 is all L1
+// holds beside the running pair, and the L1 misses alone do not keep enough lines in flight.
+// Measured on Zen 5, A B A B, three sessions of 4 rounds x 3 reps, 2 threads
+// (bench/results/kernels.md): BF16 GB/s +5.9% / +3.4% / +3.4% (median per-pair ratio) at ctx 512 x
+// 128, 4096 x 16, 16384 x 4, faster in 25 of 36 pairs; FP8 with it measured slower (in 13 of 16
+// pairs), so FP8 keeps one pair ahead. Two pairs ahead into L1 measured slower for both
+// (kernels.md).
 class Prefetcher {
  public:
   static constexpr int kMaxRanges = 2 * kMaxBlockPages;
-  void Reset() { n_ = range_ = 0, pos_ = 0; }
-  // Add queues [p, p + bytes).
-  void Add(const void* p, size_t bytes) {
-    if (bytes == 0 || n_ == kMaxRanges) return;
-    begin_[n_] = static_cast<const char*>(p);
-    bytes_[n_++] = bytes;
-  }
-  // Issue asks for the next `lines` queued cache lines.
+  void Reset() { near_.Reset(), far_.Reset(); }
+  // Add queues [p, p + bytes) for L1, or with `far` for L2.
+  void Add(const void* p, size_t bytes, bool far) { (far ? far_ : near_).Add(p, bytes); }
+  // Issue asks for the next `lines` queued cache lines of each queue.
   inline void Issue(int lines) {
-    while (lines > 0 && range_ < n_) {
-      const char* p = begin_[range_] + pos_;
-      const size_t left = (bytes_[range_] - pos_ + 63) / 64;
-      const int take = static_cast<int>(std::min<size_t>(static_cast<size_t>(lines), left));
-      for (int i = 0; i < take; ++i) asm volatile("prefetcht0 (%0)" : : "r"(p + 64 * i));
-      lines -= take;
-      pos_ += 64 * static_cast<size_t>(take);
-      if (pos_ >= bytes_[range_]) ++range_, pos_ = 0;
-    }
+    near_.Issue<3>(lines);
+    far_.Issue<2>(lines);
   }
-  // Lines returns how many lines are queued in all.
-  size_t Lines() const {
-    size_t total = 0;
-    for (int i = 0; i < n_; ++i) total += (bytes_[i] + 63) / 64;
-    return total;
-  }
+  // Lines returns how many lines are queued for L1.
+  size_t Lines() const { return near_.Lines(); }
 
  private:
-  const char* begin_[kMaxRanges];
-  size_t bytes_[kMaxRanges];
-  int n_ = 0, range_ = 0;
-  size_t pos_ = 0;
+  struct Queue {
+    void Reset() { n_ = range_ = 0, pos_ = 0; }
+    void Add(const void* p, size_t bytes) {
+      if (bytes == 0 || n_ == kMaxRanges) return;
+      begin_[n_] = static_cast<const char*>(p);
+      bytes_[n_++] = bytes;
+    }
+    template <int kLocality>
+    inline void Issue(int lines) {
+      while (lines > 0 && range_ < n_) {
+        const char* p = begin_[range_] + pos_;
+        const size_t left = (bytes_[range_] - pos_ + 63) / 64;
+        const int take = static_cast<int>(std::min<size_t>(static_cast<size_t>(lines), left));
+        for (int i = 0; i < take; ++i) {
+          if constexpr (kLocality == 3) {
+            asm volatile("prefetcht0 (%0)" : : "r"(p + 64 * i));
+          } else {
+            asm volatile("prefetcht1 (%0)" : : "r"(p + 64 * i));
+          }
+        }
+        lines -= take;
+        pos_ += 64 * static_cast<size_t>(take);
+        if (pos_ >= bytes_[range_]) ++range_, pos_ = 0;
+      }
+    }
+    size_t Lines() const {
+      size_t total = 0;
+      for (int i = 0; i < n_; ++i) total += (bytes_[i] + 63) / 64;
+      return total;
+    }
+    const char* begin_[kMaxRanges];
+    size_t bytes_[kMaxRanges];
+    int n_ = 0, range_ = 0;
+    size_t pos_ = 0;
+  };
+  Queue near_, far_;
 };
 
 // Column is 16 tokens of one kv head's K: row d of them starts at k + d * stride (elements).
@@ -619,16 +644,25 @@ KVG_BF16DOT_TARGET void Attend(const PagedKvView& kv, int group, float softmax_s
   // Prefetch: while kv head g of a block runs, the next (head, block) pair's K and V lines are
   // requested a few per inner-loop iteration (Prefetcher); the first pair is requested at once.
   Prefetcher pf;
-  auto queue = [&](int block, int g) {
-    pf.Reset();
+  auto add = [&](int block, int g, bool far) {
     for (int i = 0; i < block_pages && block + i < end_page; ++i) {
       const size_t offset = page_offset(block + i) + static_cast<size_t>(g) * head_bytes;
       const int count = page_count(block + i);
-      pf.Add(k_base + offset, (static_cast<size_t>(dim - 1) * page_size + count) * kElem);
-      pf.Add(v_base + offset, static_cast<size_t>(count) * dim * kElem);
+      pf.Add(k_base + offset, (static_cast<size_t>(dim - 1) * page_size + count) * kElem, far);
+      pf.Add(v_base + offset, static_cast<size_t>(count) * dim * kElem, far);
     }
   };
-  queue(first_page, 0);
+  // queue(block, g), while pair (block, g) runs: the next pair for L1, and for BF16 the one after
+  // it for L2 (see Prefetcher).
+  auto queue = [&](int block, int g) {
+    pf.Reset();
+    for (int ahead = 1; ahead <= (kFp8 ? 1 : 2); ++ahead) {
+      const int idx = g + ahead;
+      add(block + idx / task.kv_heads * block_pages, idx % task.kv_heads, ahead == 2);
+    }
+  };
+  pf.Reset();
+  add(first_page, 0, false);
   pf.Issue(1 << 30);
   const int tiles_k = (group + kScoreTile - 1) / kScoreTile;
   const int tiles_v = (group + kVTile - 1) / kVTile;
@@ -656,11 +690,7 @@ KVG_BF16DOT_TARGET void Attend(const PagedKvView& kv, int group, float softmax_s
     const size_t steps = static_cast<size_t>(num_cols) * tiles_k +
                          static_cast<size_t>(((tokens + 1) / 2 + 7) / 8) * (dim / 64) * tiles_v;
     for (int g = 0; g < task.kv_heads; ++g) {
-      if (g + 1 < task.kv_heads) {
-        queue(block, g + 1);
-      } else {
-        queue(block + block_pages, 0);
-      }
+      queue(block, g);
       const int pf_lines = static_cast<int>((pf.Lines() + steps - 1) / steps);
       const size_t head_offset = static_cast<size_t>(g) * head_bytes;
       const uint32_t* qp = s.qp.data() + static_cast<size_t>(g) * group * qp_stride;
