@@ -200,27 +200,31 @@ struct Scratch {
     att.resize(size_t(rows) * c.q_dim());
     proj.resize(size_t(rows) * c.dim);
     gate_up.resize(size_t(rows) * 2 * c.ffn_dim);
-    gate.resize(size_t(rows) * c.ffn_dim);
   }
   static int QkvDim(const ModelConfig& c) { return c.q_dim() + 2 * c.kv_dim(); }
   // Row r's Q [n_heads, head_dim], K and V [n_kv_heads, head_dim], inside qkv.
   float* q(const ModelConfig& c, int r) { return &qkv[size_t(r) * QkvDim(c)]; }
   float* k(const ModelConfig& c, int r) { return q(c, r) + c.q_dim(); }
   float* v(const ModelConfig& c, int r) { return k(c, r) + c.kv_dim(); }
-  // SiluGate writes gate[r] = silu(gate rows of gate_up) * (up rows of gate_up), row by row.
-  void SiluGate(const ModelConfig& c, int rows) {
+  // SiluGate computes silu(gate) * up for each row of gate_up and packs the results at the
+  // front of gate_up as [rows, ffn_dim], the down projection's input; returns it. In place, in
+  // row order: row r's result [r f, (r + 1) f) (f = ffn_dim) overwrites only row r's own gate
+  // half (r = 0) or halves of row r / 2 and before, already consumed (2 r f >= (r + 1) f for
+  // r >= 1), so prefill needs no third [rows, ffn_dim] buffer.
+  const float* SiluGate(const ModelConfig& c, int rows) {
+    const size_t f = static_cast<size_t>(c.ffn_dim);
     for (int r = 0; r < rows; ++r) {
-      const float* g = &gate_up[size_t(r) * 2 * c.ffn_dim];
-      kernels::SiluMul(g, g + c.ffn_dim, c.ffn_dim, &gate[size_t(r) * c.ffn_dim]);
+      const float* g = &gate_up[size_t(r) * 2 * f];
+      kernels::SiluMul(g, g + f, f, &gate_up[size_t(r) * f]);
     }
+    return gate_up.data();
   }
   std::vector<float> x;        // [rows, dim] residual stream
   std::vector<float> xb;       // [rows, dim] normalised block input
   std::vector<float> qkv;      // [rows, q_dim + 2 kv_dim]: the fused projection's output
   std::vector<float> att;      // [rows, n_heads, head_dim] attention output
   std::vector<float> proj;     // [rows, dim] block output before the residual add
-  std::vector<float> gate_up;  // [rows, 2 ffn_dim]: gate, then up
-  std::vector<float> gate;     // [rows, ffn_dim]: silu(gate) * up, the down projection's input
+  std::vector<float> gate_up;  // [rows, 2 ffn_dim]: gate, then up (see SiluGate)
 };
 
 void Embed(const std::vector<float>& table, int dim, const int* tokens, int rows, float* x) {
@@ -337,8 +341,7 @@ absl::Status Model::Prefill(std::span<const int> tokens, std::span<const PageGra
                        &s.xb[size_t(t) * c.dim]);
     }
     MatMulRows(*L.gate_up[kPrefill], s.xb.data(), T, s.gate_up.data(), tp);
-    s.SiluGate(c, T);
-    MatMulRows(*L.down[kPrefill], s.gate.data(), T, s.proj.data(), tp);
+    MatMulRows(*L.down[kPrefill], s.SiluGate(c, T), T, s.proj.data(), tp);
     for (size_t i = 0; i < s.x.size(); ++i) s.x[i] += s.proj[i];
   }
   const float* last = &s.x[size_t(T - 1) * c.dim];
@@ -440,8 +443,7 @@ absl::Status Model::Decode(std::span<const DecodeItem> items, KvPool& pool, floa
                        &s.xb[size_t(b) * c.dim]);
     }
     kernels::MatMul(L.gate_up[kDecode]->view(), s.xb.data(), B, s.gate_up.data(), tp);
-    s.SiluGate(c, B);
-    kernels::MatMul(L.down[kDecode]->view(), s.gate.data(), B, s.proj.data(), tp);
+    kernels::MatMul(L.down[kDecode]->view(), s.SiluGate(c, B), B, s.proj.data(), tp);
     for (size_t i = 0; i < s.x.size(); ++i) s.x[i] += s.proj[i];
   }
   for (int b = 0; b < B; ++b) {
