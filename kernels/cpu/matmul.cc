@@ -461,11 +461,14 @@ void FpMatMul(const WeightView& w, const float* x, int batch, float* y, ThreadPo
 // difference beyond its noise.
 template <int R>
 HWY_INLINE void PrefetchGroupScalesAhead(const uint16_t* gs, int groups, int passes) {
-  const char* begin = reinterpret_cast<const char*>(gs + static_cast<size_t>(passes) * R * groups);
-  const char* end = begin + static_cast<size_t>(R) * groups * sizeof(uint16_t);
+  // Addresses as integers: past the matrix's last rows the range lies beyond the array (a
+  // prefetch there is harmless; forming such a pointer would not be).
+  const size_t row_bytes = static_cast<size_t>(groups) * sizeof(uint16_t);
+  const uintptr_t begin =
+      reinterpret_cast<uintptr_t>(gs) + static_cast<size_t>(passes) * R * row_bytes;
+  const uintptr_t end = begin + R * row_bytes;
   // Every line the range touches, the first one included when begin is not line-aligned.
-  const uintptr_t first = reinterpret_cast<uintptr_t>(begin) & ~uintptr_t{63};
-  for (uintptr_t line = first; line < reinterpret_cast<uintptr_t>(end); line += 64) {
+  for (uintptr_t line = begin & ~uintptr_t{63}; line < end; line += 64) {
     __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 3);
   }
 }
