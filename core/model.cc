@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstddef>
 #include <initializer_list>
 #include <mutex>
 #include <numeric>
@@ -99,30 +100,46 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const WeightSource& source,
   std::mutex mu;
   absl::Status first_error;
   std::atomic<size_t> next{0};
-  // RunJobs quantises `values` [rows, cols] for job `job` (decode format per
-  // DecodeMatrixFormat; INT4 fallbacks are counted in int4_fallbacks_).
+  // run_jobs takes jobs until none is left: reads a job's tensors (stacked), quantises them per
+  // phase (decode format per DecodeMatrixFormat; INT4 fallbacks are counted in int4_fallbacks_).
+  // The FP32 buffers live for one job only, so no thread holds on to the largest one it saw.
   auto run_jobs = [&] {
-    std::vector<float> w, part;
     for (size_t j; (j = next.fetch_add(1)) < jobs.size();) {
+      const std::vector<std::string>& names = jobs[j].names;
+      // Shapes first, so that a stacked matrix is allocated once, at its full size.
       int rows = 0, cols = 0;
       absl::Status s;
-      w.clear();
-      for (const std::string& name : jobs[j].names) {
+      for (size_t i = 0; i < names.size() && s.ok(); ++i) {
         int part_rows = 0, part_cols = 0;
-        s = TensorShape(c, name, &part_rows, &part_cols);
-        if (s.ok() && rows > 0 && part_cols != cols) {
-          s = absl::InternalError(absl::StrCat(name, ": width ", part_cols, " differs from ",
-                                               jobs[j].names[0], "'s ", cols));
+        s = TensorShape(c, names[i], &part_rows, &part_cols);
+        if (s.ok() && i > 0 && part_cols != cols) {
+          s = absl::InternalError(absl::StrCat(names[i], ": width ", part_cols, " differs from ",
+                                               names[0], "'s ", cols));
         }
-        if (s.ok()) s = read(name, &part);
-        if (!s.ok()) break;
         rows += part_rows;
         cols = part_cols;
-        if (w.empty()) {
-          w.swap(part);
-        } else {
-          w.insert(w.end(), part.begin(), part.end());
+      }
+      std::vector<float> w;
+      if (s.ok() && names.size() == 1) {
+        s = read(names[0], &w);
+      } else if (s.ok()) {
+        w.resize(static_cast<size_t>(rows) * cols);
+        size_t at = 0;
+        std::vector<float> part;
+        for (const std::string& name : names) {
+          s = read(name, &part);
+          if (s.ok() && part.size() > w.size() - at) {
+            s = absl::InternalError(absl::StrCat(name, ": more values than its shape"));
+          }
+          if (!s.ok()) break;
+          std::copy(part.begin(), part.end(), w.begin() + static_cast<std::ptrdiff_t>(at));
+          at += part.size();
         }
+        w.resize(at);  // a short tensor is caught below
+      }
+      if (s.ok() && w.size() != static_cast<size_t>(rows) * cols) {
+        s = absl::InternalError(
+            absl::StrCat(names[0], ": ", w.size(), " values read for ", rows, " x ", cols));
       }
       if (!s.ok()) {
         std::lock_guard<std::mutex> lock(mu);

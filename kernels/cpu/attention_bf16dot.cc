@@ -186,8 +186,8 @@ KVG_BF16DOT_TARGET inline __m512i Load2Rows16(const uint16_t* r, size_t stride) 
 // 26.4 -> 28.7, 512 x 128 26.4 -> 29.0; FP8 4096 x 16 31.8 -> 34.1, 512 x 128 32.8 -> 34.8.
 // Without software prefetch at all: BF16 ~20 GB/s, FP8 ~15.
 // BF16 also prefetches the pair after the next one into L2 (prefetcht1, Add with `far`), at the
-// same pace: its pairs are twice FP8's (32 KiB at head_dim 128), so one pair ahead in L1 is all L1
-// holds beside the running pair, and the L1 misses alone do not keep enough lines in flight.
+// same pace: its pairs are twice FP8's (32 KiB at head_dim 128), so the running pair and the next
+// already exceed the 48 KiB L1D, and the L1 misses alone do not keep enough lines in flight.
 // Measured on Zen 5, A B A B, three sessions of 4 rounds x 3 reps, 2 threads
 // (bench/results/kernels.md): BF16 GB/s +5.9% / +3.4% / +3.4% (median per-pair ratio) at ctx 512 x
 // 128, 4096 x 16, 16384 x 4, faster in 25 of 36 pairs; FP8 with it measured slower (in 13 of 16

@@ -305,9 +305,9 @@ inline constexpr size_t kMinChunkBytes = size_t{256} << 10;
 // kChunksPerThread x kMinChunkBytes per thread is cut into fewer chunks: each chunk starts a new
 // stream whose first lines arrive at full DRAM latency, and on a small matrix those starts are a
 // large share of the call. Measured on Zen 5, 2 threads, batch 1, A B A B (BM_MatMul, 5 reps):
-// INT4 256 x 2048 (the K/V projection of `medium`) 22 -> 29 GB/s with one chunk per thread
-// instead of four; 2048 x 2048 and larger within noise of each other. Larger matrices keep four
-// per thread, so that one running thread can take over a descheduled one's share.
+// INT4 256 x 2048 (`medium`'s K/V projection before Q/K/V were fused) 22 -> 29 GB/s with one chunk
+// per thread instead of four; 2048 x 2048 and larger within noise of each other. Larger matrices
+// keep four per thread, so that one running thread can take over a descheduled one's share.
 template <class Fn>
 void RunRows(ThreadPool* pool, const WeightView& w, const Fn& fn) {
   if (pool == nullptr) {
@@ -450,16 +450,18 @@ void FpMatMul(const WeightView& w, const float* x, int batch, float* y, ThreadPo
 
 // PrefetchGroupScalesAhead prefetches the FP16 group scales of the R rows `passes` row groups
 // after the one whose scales start at gs. They are a second, small stream beside the codes
-// (2 bytes per 64 code bytes) that the codes' prefetches do not cover, and every pass of
-// Int4Rows starts by reading its rows' scales, before its short main loop (16 chunks at 2048
+// (at group 128, 2 bytes per 64 code bytes) that the codes' prefetches do not cover, and every pass
+// of Int4Rows starts by reading its rows' scales, before its short main loop (16 chunks at 2048
 // columns). Measured on Zen 5, 2 threads, `medium` INT4 decode (perf record -e cpu-clock over
 // `kvguard generate`): 30% of Int4Rows' samples sat on those scale loads without this, 7% with
 // it; `kvguard bench --model medium` INT4/FP8 tok/s ratio 1.67 / 1.65 / 1.62 before, 1.86 /
 // 1.87 / 1.87 after (runs interleaved A B A B, together with the engine's fused Q/K/V and
 // gate/up, core/model.h). BM_MatMul, whose weight copies keep the scales on huge pages beside
-// the codes (in the engine each matrix's scales are a small separate allocation), saw no
-// difference beyond its noise.
-template <int R>
+// the codes (in the engine each matrix's scales are a small separate allocation), did not show
+// it: faster in 13 of 24 interleaved pairs (INT4 at 6 shapes x 4 rounds, bench/results/
+// kernels.md). The AVX2 path prefetches them as it does its codes (one pass ahead, into L2);
+// not measured, there being no AVX2-only host here.
+template <int R, int kLocality>
 HWY_INLINE void PrefetchGroupScalesAhead(const uint16_t* gs, int groups, int passes) {
   // Addresses as integers: past the matrix's last rows the range lies beyond the array (a
   // prefetch there is harmless; forming such a pointer would not be).
@@ -469,7 +471,7 @@ HWY_INLINE void PrefetchGroupScalesAhead(const uint16_t* gs, int groups, int pas
   const uintptr_t end = begin + R * row_bytes;
   // Every line the range touches, the first one included when begin is not line-aligned.
   for (uintptr_t line = begin & ~uintptr_t{63}; line < end; line += 64) {
-    __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 3);
+    __builtin_prefetch(reinterpret_cast<const void*>(line), 0, kLocality);
   }
 }
 
@@ -587,7 +589,7 @@ KVGUARD_AVX512VNNI void Int4Rows(const uint8_t* HWY_RESTRICT codes, const uint16
                                  float* HWY_RESTRICT sums, float* HWY_RESTRICT scratch) {
   const int groups = cols / G;
   constexpr size_t stride = CombinedStride(0);
-  PrefetchGroupScalesAhead<R>(gs, groups, 2);  // the same lead as the codes' prefetch below
+  PrefetchGroupScalesAhead<R, 3>(gs, groups, 2);  // as the codes' prefetch below
   // Per row, once: the FP32 product of each group scale with s_b, so that a chunk costs one FMA
   // (with a broadcast or a lane permute) on top of its two VPDPBUSD. Lanes past the last group
   // are 0, which the partial chunk below relies on.
@@ -716,7 +718,7 @@ void Int4Rows(const uint8_t* HWY_RESTRICT codes, const uint16_t* HWY_RESTRICT gs
               float* HWY_RESTRICT scratch) {
   const int groups = cols / G;
   constexpr size_t stride = CombinedStride(0);
-  PrefetchGroupScalesAhead<R>(gs, groups, 2);  // as in the AVX3_DL path (not measured on AVX2)
+  PrefetchGroupScalesAhead<R, 2>(gs, groups, 1);  // as the codes' prefetch below
   for (int r = 0; r < R; ++r) {
     for (int j = 0; j < NB; ++j) {
       float* combined = scratch + (r * NB + j) * stride;

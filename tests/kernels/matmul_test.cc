@@ -273,7 +273,7 @@ TEST_F(MatMulTest, StackedRowsGiveTheSeparateOutputsBitForBit) {
       for (size_t i = 0; i < parts.size(); ++i) {
         separate.push_back(QuantizeMatrix(parts[i].data(), part_rows[i], cols, f, group));
       }
-      for (int batch : {1, 3, 8}) {
+      for (int batch : {1, 2, 3, 5, 8}) {
         const std::vector<float> x = RandomActivations(batch, cols, 90 + batch);
         for (int64_t target : targets_) {
           ForceTarget(target);
