@@ -35,6 +35,8 @@
 // at most 2^-100 sum |w_c|. A block holding inf or NaN makes the column's outputs NaN.
 #include "kernels/cpu/matmul.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -72,6 +74,16 @@ struct alignas(64) XChunk {
 };
 static_assert(sizeof(XChunk) == 192);
 
+// PrefetchIntoL2 says whether the matmul kernels' software prefetch, which runs `lead_bytes` ahead
+// of the loads it serves, should fill L2 (prefetcht1) rather than L1 (prefetcht0). Into L1 only
+// while the lead is at most half of L1D: a longer lead evicts lines before they are used. Measured
+// A B A B (BM_MatMul, batch 1, 2 threads, 3 rounds x 3 reps; bench/results/kernels.md): on Zen 4
+// (32 KiB L1D) at medium's down projection, 5632 columns (lead 22 KiB for both formats), FP8
+// 18.5 / 18.2 / 17.3 -> 25.5 / 28.5 / 27.9 GB/s and INT4 21.5 / 24.4 / 22.2 -> 28.3 / 27.8 /
+// 33.1 with L2; at 2048 columns (lead 8 KiB) within noise. On Zen 5 (48 KiB L1D) L1 measured
+// better at every shape tried, leads up to 16 KiB (kernels/cpu/matmul.cc, FpRows).
+bool PrefetchIntoL2(size_t lead_bytes);
+
 // Per-call scratch of the calling thread.
 struct Scratch {
   std::vector<XChunk> chunks;      // INT4: [batch, ceil(cols / 128)]
@@ -98,6 +110,7 @@ using matmul_internal::kBatchTile;
 using matmul_internal::kMaxInt4Groups;
 using matmul_internal::kRowBlock;
 using matmul_internal::kXFlushBelow;
+using matmul_internal::PrefetchIntoL2;
 using matmul_internal::Scratch;
 using matmul_internal::XChunk;
 
@@ -210,11 +223,22 @@ HWY_INLINE void PairStep(const typename Weights::T* HWY_RESTRICT w, size_t cols,
   }
 }
 
+// PrefetchLine prefetches the line at p for reading into L2 (prefetcht1) or L1 (prefetcht0).
+// The branch is the same for a whole call, so it predicts perfectly.
+HWY_INLINE void PrefetchLine(const void* p, bool into_l2) {
+  if (into_l2) {
+    __builtin_prefetch(p, 0, 2);
+  } else {
+    __builtin_prefetch(p, 0, 3);
+  }
+}
+
 // FpRows computes sums[r * NB + j] = sum_c W[r, c] * x[j * x_stride + c] for R consecutive rows of
 // W (row r at w + r * cols) and NB columns of x.
 template <int NB, int R, class Weights>
 HWY_INLINE void FpRows(const typename Weights::T* HWY_RESTRICT w, size_t cols,
-                       const float* HWY_RESTRICT x, size_t x_stride, float* HWY_RESTRICT sums) {
+                       const float* HWY_RESTRICT x, size_t x_stride, bool prefetch_l2,
+                       float* HWY_RESTRICT sums) {
   using T = typename Weights::T;
   constexpr int kU = Accumulators<NB, R>();
   static_assert(kU % 2 == 0, "the main loop steps in pairs of vectors");
@@ -229,20 +253,21 @@ HWY_INLINE void FpRows(const typename Weights::T* HWY_RESTRICT w, size_t cols,
     }
   }
   // The R rows are R streams; the hardware prefetcher starts each one late, so the next group
-  // of rows (contiguous after these) is prefetched at the pace this one is read. Into L1
-  // (locality 3, prefetcht0; so does the AVX3_DL Int4Rows, while the AVX2 and portable ones,
-  // not measured on this host, keep L2): on Zen 5 that measured faster than into L2
-  // in 17 of 24 interleaved pairs (BM_MatMul, INT4 and FP8 at 4096x4096 and medium's shapes,
-  // 2 threads, 3 rounds; INT4 medians 2048x2048 36.2 -> 37.9 GB/s, 4096x4096 38.4 -> 42.2,
-  // 5632x2048 37.5 -> 40.6; FP8 within a few percent), and `medium` INT4 decode went 70.3 ->
-  // 82.8 tok/s in one pair of kvguard bench runs.
+  // of rows (contiguous after these) is prefetched at the pace this one is read: R rows ahead,
+  // into L1 (prefetcht0) unless prefetch_l2 (PrefetchIntoL2 of that lead; so does the AVX3_DL
+  // Int4Rows, while the AVX2 and portable ones, not measured on an AVX2-only host since, keep
+  // L2). Into L1 on Zen 5 (48 KiB L1D, leads up to 16 KiB) measured faster than into L2 in 17 of
+  // 24 interleaved pairs (BM_MatMul, INT4 and FP8 at 4096x4096 and medium's shapes, 2 threads, 3
+  // rounds; INT4 medians 2048x2048 36.2 -> 37.9 GB/s, 4096x4096 38.4 -> 42.2, 5632x2048 37.5 ->
+  // 40.6; FP8 within a few percent), and `medium` INT4 decode went 70.3 -> 82.8 tok/s in one pair
+  // of kvguard bench runs; on Zen 4 (32 KiB L1D) a 22 KiB lead into L1 was the slowest case.
   const char* next_rows = reinterpret_cast<const char*>(w + R * cols);
   constexpr size_t kStepBytes = kU * kLanes * R * sizeof(T);
   size_t c = 0;
   for (; c + kU * kLanes <= cols; c += kU * kLanes) {
 #pragma GCC unroll 16
     for (size_t line = 0; line < kStepBytes; line += 64) {
-      __builtin_prefetch(next_rows + c * R * sizeof(T) + line, 0, 3);
+      PrefetchLine(next_rows + c * R * sizeof(T) + line, prefetch_l2);
     }
 #pragma GCC unroll 16
     for (int u = 0; u < kU; u += 2) {
@@ -425,7 +450,8 @@ void FpMatMul(const WeightView& w, const float* x, int batch, float* y, ThreadPo
       ForEachRowGroup<kNb>(rb, re, [&](int64_t r, auto rows_tag) {
         constexpr int kR = decltype(rows_tag)::value;
         float sums[kR * kNb];
-        FpRows<kNb, kR, Weights>(data + r * cols, cols, xs + j0 * cols, cols, sums);
+        FpRows<kNb, kR, Weights>(data + r * cols, cols, xs + j0 * cols, cols,
+                                 PrefetchIntoL2(kR * cols * sizeof(T)), sums);
 #pragma GCC unroll 16
         for (int i = 0; i < kR; ++i) {
 #pragma GCC unroll 16
@@ -461,8 +487,8 @@ void FpMatMul(const WeightView& w, const float* x, int batch, float* y, ThreadPo
 // it: faster in 13 of 24 interleaved pairs (INT4 at 6 shapes x 4 rounds, bench/results/
 // kernels.md). The AVX2 path prefetches them as it does its codes (one pass ahead, into L2);
 // not measured, there being no AVX2-only host here.
-template <int R, int kLocality>
-HWY_INLINE void PrefetchGroupScalesAhead(const uint16_t* gs, int groups, int passes) {
+template <int R>
+HWY_INLINE void PrefetchGroupScalesAhead(const uint16_t* gs, int groups, int passes, bool into_l2) {
   // Addresses as integers: past the matrix's last rows the range lies beyond the array (a
   // prefetch there is harmless; forming such a pointer would not be).
   const size_t row_bytes = static_cast<size_t>(groups) * sizeof(uint16_t);
@@ -471,7 +497,7 @@ HWY_INLINE void PrefetchGroupScalesAhead(const uint16_t* gs, int groups, int pas
   const uintptr_t end = begin + R * row_bytes;
   // Every line the range touches, the first one included when begin is not line-aligned.
   for (uintptr_t line = begin & ~uintptr_t{63}; line < end; line += 64) {
-    __builtin_prefetch(reinterpret_cast<const void*>(line), 0, kLocality);
+    PrefetchLine(reinterpret_cast<const void*>(line), into_l2);
   }
 }
 
@@ -586,10 +612,11 @@ KVGUARD_AVX512VNNI HWY_INLINE void Int4Chunk(const __m512i* w, const XChunk* con
 template <int G, int NB, int R>
 KVGUARD_AVX512VNNI void Int4Rows(const uint8_t* HWY_RESTRICT codes, const uint16_t* HWY_RESTRICT gs,
                                  int cols, const XChunk* const* xc, const float* const* group_scale,
-                                 float* HWY_RESTRICT sums, float* HWY_RESTRICT scratch) {
+                                 bool prefetch_l2, float* HWY_RESTRICT sums,
+                                 float* HWY_RESTRICT scratch) {
   const int groups = cols / G;
   constexpr size_t stride = CombinedStride(0);
-  PrefetchGroupScalesAhead<R, 3>(gs, groups, 2);  // as the codes' prefetch below
+  PrefetchGroupScalesAhead<R>(gs, groups, 2, prefetch_l2);  // as the codes' prefetch below
   // Per row, once: the FP32 product of each group scale with s_b, so that a chunk costs one FMA
   // (with a broadcast or a lane permute) on top of its two VPDPBUSD. Lanes past the last group
   // are 0, which the partial chunk below relies on.
@@ -629,8 +656,8 @@ KVGUARD_AVX512VNNI void Int4Rows(const uint8_t* HWY_RESTRICT codes, const uint16
       // Zen 5, 2 threads, A B A B (BM_MatMul, 5 reps): 2048 x 2048 28.2 / 29.7 -> 32.0 / 32.2
       // GB/s, 4096 x 4096 32.8 / 35.2 -> 35.4 / 36.2; `medium` decode (kvguard bench, INT4,
       // batch 1) 56.2 -> 59.5 tok/s in one pair of runs. (On Zen 4, one thread, it made no
-      // difference.)
-      __builtin_prefetch(codes + 2 * R * row_bytes + (k * R + r) * 64, 0, 3);
+      // difference.) Into L1 or L2 as PrefetchIntoL2 says for this two-group lead.
+      PrefetchLine(codes + 2 * R * row_bytes + (k * R + r) * 64, prefetch_l2);
       w[r] = _mm512_loadu_si512(codes + r * row_bytes + 64 * k);
     }
     Int4Chunk<G, NB, R>(w, xc, scratch, k, acc);
@@ -714,11 +741,11 @@ HWY_INLINE __m256 GroupScaleLanes256(const float* HWY_RESTRICT combined, int k, 
 // group_scale[j]. `scratch` holds R * NB * CombinedStride(cols / G) floats.
 template <int G, int NB, int R>
 void Int4Rows(const uint8_t* HWY_RESTRICT codes, const uint16_t* HWY_RESTRICT gs, int cols,
-              const XChunk* const* xc, const float* const* group_scale, float* HWY_RESTRICT sums,
-              float* HWY_RESTRICT scratch) {
+              const XChunk* const* xc, const float* const* group_scale, bool /*prefetch_l2*/,
+              float* HWY_RESTRICT sums, float* HWY_RESTRICT scratch) {
   const int groups = cols / G;
   constexpr size_t stride = CombinedStride(0);
-  PrefetchGroupScalesAhead<R, 2>(gs, groups, 1);  // as the codes' prefetch below
+  PrefetchGroupScalesAhead<R>(gs, groups, 1, true);  // as the codes' prefetch below
   for (int r = 0; r < R; ++r) {
     for (int j = 0; j < NB; ++j) {
       float* combined = scratch + (r * NB + j) * stride;
@@ -852,8 +879,8 @@ constexpr size_t CombinedStride(int /*groups*/) { return 0; }
 // lanes are converted to FP32 once and FMA'd with (group scale * s_b).
 template <int G, int NB, int R>
 void Int4Rows(const uint8_t* HWY_RESTRICT codes, const uint16_t* HWY_RESTRICT gs, int cols,
-              const XChunk* const* xc, const float* const* group_scale, float* HWY_RESTRICT sums,
-              float* /*scratch*/) {
+              const XChunk* const* xc, const float* const* group_scale, bool /*prefetch_l2*/,
+              float* HWY_RESTRICT sums, float* /*scratch*/) {
   static_assert(R == 1, "Int4RowsPerPass is 1 here");
   constexpr int kGroupsPerChunk = 128 / G;
   // At most half a group per vector, so one vector never mixes two groups or two nibble runs.
@@ -1000,13 +1027,15 @@ void Int4MatMul(const WeightView& w, const float* x, int batch, float* y, Thread
         gsc[j] = group_scale + static_cast<size_t>(j0 + j) * group_count;
       }
       constexpr int kR = Int4RowsPerPass<kNb>();
+      // The AVX3_DL Int4Rows prefetches two row groups ahead (the other targets ignore this).
+      const bool prefetch_l2 = PrefetchIntoL2(2 * static_cast<size_t>(kR) * (cols / 2));
       static_assert(kR * kNb <= 16, "scratch holds 16 (row, column) pairs");
       int64_t r = rb;
       auto rows_at = [&](auto rows_tag) {
         constexpr int kRows = decltype(rows_tag)::value;
         float sums[kRows * kNb];
         Int4Rows<G, kNb, kRows>(codes + r * (cols / 2), w.group_scales + r * group_count, cols, xc,
-                                gsc, sums, scratch.data());
+                                gsc, prefetch_l2, sums, scratch.data());
         for (int i = 0; i < kRows; ++i) {
           for (int j = 0; j < kNb; ++j) y[(j0 + j) * rows + r + i] = sums[i * kNb + j];
         }
@@ -1045,6 +1074,17 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace kvguard::kernels {
+namespace matmul_internal {
+
+bool PrefetchIntoL2(size_t lead_bytes) {
+  static const size_t l1d_bytes = [] {
+    const long bytes = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+    return bytes > 0 ? static_cast<size_t>(bytes) : size_t{32} << 10;  // unknown: assume 32 KiB
+  }();
+  return lead_bytes > l1d_bytes / 2;
+}
+
+}  // namespace matmul_internal
 
 HWY_EXPORT(MatMulImpl);
 
