@@ -75,13 +75,20 @@ struct alignas(64) XChunk {
 static_assert(sizeof(XChunk) == 192);
 
 // PrefetchIntoL2 says whether the matmul kernels' software prefetch, which runs `lead_bytes` ahead
-// of the loads it serves, should fill L2 (prefetcht1) rather than L1 (prefetcht0). Into L1 only
-// while the lead is at most half of L1D: a longer lead evicts lines before they are used. Measured
-// A B A B (BM_MatMul, batch 1, 2 threads, 3 rounds x 3 reps; bench/results/kernels.md): on Zen 4
-// (32 KiB L1D) at medium's down projection, 5632 columns (lead 22 KiB for both formats), FP8
-// 18.5 / 18.2 / 17.3 -> 25.5 / 28.5 / 27.9 GB/s and INT4 21.5 / 24.4 / 22.2 -> 28.3 / 27.8 /
-// 33.1 with L2; at 2048 columns (lead 8 KiB) within noise. On Zen 5 (48 KiB L1D) L1 measured
-// better at every shape tried, leads up to 16 KiB (kernels/cpu/matmul.cc, FpRows).
+// of the loads it serves, should fill L2 (prefetcht1) rather than L1 (prefetcht0): L2 once the
+// lead exceeds half of L1D. The cut-off is a choice between what was measured, not a measured
+// optimum: on Zen 4 (32 KiB L1D) medium's down projection (5632 columns, a 22 KiB lead for FP8
+// and INT4 alike) ran far faster with L2 (bench/results/kernels.md, "Matmul software prefetch on
+// Zen 4": two A B A B runs, FP8 18.9 / 20.6 -> 33.6 / 30.0 GB/s, INT4 18.4 / 20.8 -> 26.0 / 29.3,
+// batch 1, 2 threads; an exploration before them, 3 rounds, gave FP8 18.5 / 18.2 / 17.3 -> 25.5
+// / 28.5 / 27.9 and INT4 21.5 / 24.4 / 22.2 -> 28.3 / 27.8 / 33.1), while at 2048 columns (an
+// 8 KiB lead) L2 was within noise for FP8 and faster for INT4 in 8 of 9 kernel pairs but gave no
+// clear answer in the engine, so those stay in L1. On Zen 5 (48 KiB L1D) L1 was faster in 17 of
+// 24 pairs at leads of 8 and 16 KiB (see FpRows); there every medium shape's lead (at most 22
+// KiB) stays in L1, as before. The likely reason a long lead hurts, that its lines are evicted
+// from L1 before use, is not measured (no cache counters in these VMs). Also moved to L2 by
+// this: BF16 and FP32 weights (the non-default formats) of more than 3072 / 1536 columns on Zen
+// 5, 2048 / 1024 on Zen 4; not measured.
 bool PrefetchIntoL2(size_t lead_bytes);
 
 // Per-call scratch of the calling thread.
@@ -260,7 +267,8 @@ HWY_INLINE void FpRows(const typename Weights::T* HWY_RESTRICT w, size_t cols,
   // 24 interleaved pairs (BM_MatMul, INT4 and FP8 at 4096x4096 and medium's shapes, 2 threads, 3
   // rounds; INT4 medians 2048x2048 36.2 -> 37.9 GB/s, 4096x4096 38.4 -> 42.2, 5632x2048 37.5 ->
   // 40.6; FP8 within a few percent), and `medium` INT4 decode went 70.3 -> 82.8 tok/s in one pair
-  // of kvguard bench runs; on Zen 4 (32 KiB L1D) a 22 KiB lead into L1 was the slowest case.
+  // of kvguard bench runs; on Zen 4 (32 KiB L1D) a 22 KiB lead into L1 was the slowest case
+  // (PrefetchIntoL2).
   const char* next_rows = reinterpret_cast<const char*>(w + R * cols);
   constexpr size_t kStepBytes = kU * kLanes * R * sizeof(T);
   size_t c = 0;
@@ -447,11 +455,12 @@ void FpMatMul(const WeightView& w, const float* x, int batch, float* y, ThreadPo
     }
     ForEachTile(r0, r1, batch, [&](int64_t rb, int64_t re, int j0, auto nb) {
       constexpr int kNb = decltype(nb)::value;
+      // FpRows prefetches R rows ahead; the leftover single rows follow the full groups' choice.
+      const bool prefetch_l2 = PrefetchIntoL2(RowsPerPass<kNb>() * cols * sizeof(T));
       ForEachRowGroup<kNb>(rb, re, [&](int64_t r, auto rows_tag) {
         constexpr int kR = decltype(rows_tag)::value;
         float sums[kR * kNb];
-        FpRows<kNb, kR, Weights>(data + r * cols, cols, xs + j0 * cols, cols,
-                                 PrefetchIntoL2(kR * cols * sizeof(T)), sums);
+        FpRows<kNb, kR, Weights>(data + r * cols, cols, xs + j0 * cols, cols, prefetch_l2, sums);
 #pragma GCC unroll 16
         for (int i = 0; i < kR; ++i) {
 #pragma GCC unroll 16
@@ -1078,7 +1087,10 @@ namespace matmul_internal {
 
 bool PrefetchIntoL2(size_t lead_bytes) {
   static const size_t l1d_bytes = [] {
-    const long bytes = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+    int64_t bytes = 0;
+#ifdef _SC_LEVEL1_DCACHE_SIZE  // glibc
+    bytes = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+#endif
     return bytes > 0 ? static_cast<size_t>(bytes) : size_t{32} << 10;  // unknown: assume 32 KiB
   }();
   return lead_bytes > l1d_bytes / 2;
