@@ -198,6 +198,27 @@ TEST_F(MatMulTest, Int4MatchesReference) {
   RunTable(WeightFormat::kInt4, kInt4Shapes, std::size(kInt4Shapes));
 }
 
+// A thread prepares x (FP8: scaling; INT4: quantisation) once per call and reuses it for every
+// row chunk it runs of that call. Matrices of several chunks per thread (2 MiB and more at 2
+// threads: RunRows cuts 256 KiB chunks), and one x buffer rewritten in place between calls: a
+// thread that kept the previous call's x (same buffer, same shape) would give the old outputs.
+TEST_F(MatMulTest, NewActivationsInTheSameBufferGiveNewOutputs) {
+  const Shape shape{2048, 2048, 128};
+  const std::vector<float> w = RandomWeights(shape.rows, shape.cols, 31);
+  for (WeightFormat format : {WeightFormat::kFp8, WeightFormat::kInt4}) {
+    for (int batch : {1, 5}) {  // INT4: per-thread quantisation, then the shared one (batch >= 4)
+      std::vector<float> x(static_cast<size_t>(batch) * shape.cols);
+      for (uint32_t round = 0; round < 3; ++round) {
+        SCOPED_TRACE("round " + std::to_string(round));
+        const std::vector<float> fresh = RandomActivations(batch, shape.cols, 40 + round);
+        std::copy(fresh.begin(), fresh.end(), x.begin());
+        Check(w, shape, format, x, batch);
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
 // With x already on each block's int8 grid (every block holds +-127 * 2^k, all else integer
 // multiples of 2^k), INT4's activation rounding is exact: only FP32 accumulation error is left,
 // so a kernel error hiding under the activation budget would show here.
