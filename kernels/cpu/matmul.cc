@@ -93,11 +93,11 @@ static_assert(sizeof(XChunk) == 192);
 bool PrefetchIntoL2(size_t lead_bytes);
 
 // NextCall returns a number no earlier MatMul call of this process got (never 0). A thread runs
-// several of one call's row chunks (RunRows: up to four per thread), and its Scratch records the
+// several of one call's row chunks (RunRows: about four per thread), and its Scratch records the
 // call whose x it holds, so that x is prepared once per thread and call, not once per chunk.
 // Measured on Ice Lake, 2 threads, `medium` INT4 decode (perf record -e cpu-clock over
 // `kvguard generate`, bench/results/kernels.md): QuantizeColumn 1.9% of the samples before, 0.5%
-// after; the engine's tok/s gain (~1.5%) is below what this host's noise lets a few runs show.
+// after; the expected engine gain (~1.4%) is below what this host's noise lets a few runs show.
 uint64_t NextCall();
 
 // Per-call scratch of one thread.
