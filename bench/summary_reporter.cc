@@ -42,6 +42,8 @@ void SummaryReporter::ReportRuns(const std::vector<Run>& runs) {
     row.repetitions = static_cast<int>(run.repetitions);
     const auto it = run.counters.find(kBytes);
     if (it != run.counters.end()) row.gbytes_per_s = it->second.value / 1e9;
+    const auto flops = run.counters.find("flops");
+    if (flops != run.counters.end()) row.gflops_per_s = flops->second.value / 1e9;
     // Adjusted times are in run.time_unit; the multiplier is units per second.
     row.ms_per_iter =
         run.GetAdjustedRealTime() / benchmark::GetTimeUnitMultiplier(run.time_unit) * 1e3;
@@ -65,13 +67,14 @@ double SummaryReporter::StreamReadGBps(int threads) const {
 
 std::string SummaryReporter::Markdown() const {
   std::string md =
-      "| benchmark | median GB/s | % of STREAM read (same threads) | ms/iter | reps |\n"
-      "| --- | ---: | ---: | ---: | ---: |\n";
+      "| benchmark | median GB/s | % of STREAM read (same threads) | GFLOP/s | ms/iter | reps |\n"
+      "| --- | ---: | ---: | ---: | ---: | ---: |\n";
   for (const SummaryRow& row : Rows()) {
     const double stream = StreamReadGBps(row.threads);
     const bool has_ratio = row.gbytes_per_s > 0 && stream > 0;
     md += "| " + row.name + " | " + (row.gbytes_per_s > 0 ? Fixed(row.gbytes_per_s, 2) : "-") +
           " | " + (has_ratio ? Fixed(100.0 * row.gbytes_per_s / stream, 1) + "%" : "-") + " | " +
+          (row.gflops_per_s > 0 ? Fixed(row.gflops_per_s, 1) : "-") + " | " +
           Fixed(row.ms_per_iter, 3) + " | " + std::to_string(row.repetitions) + " |\n";
   }
   return md;
@@ -86,6 +89,7 @@ std::string SummaryReporter::Json() const {
     doc["benchmarks"].push_back({{"name", r.name},
                                  {"gbps", r.gbytes_per_s},
                                  {"stream_fraction", stream > 0 ? r.gbytes_per_s / stream : 0.0},
+                                 {"gflops", r.gflops_per_s},
                                  {"ms_per_iter", r.ms_per_iter},
                                  {"threads", r.threads},
                                  {"repetitions", r.repetitions}});

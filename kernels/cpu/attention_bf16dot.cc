@@ -51,6 +51,7 @@
 #include <vector>
 
 #include "kernels/cpu/internal/attention_task.h"
+#include "kernels/cpu/internal/cache_info.h"
 #include "kernels/formats.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -191,8 +192,17 @@ KVG_BF16DOT_TARGET inline __m512i Load2Rows16(const uint16_t* r, size_t stride) 
 // Measured on Zen 5, A B A B, three sessions of 4 rounds x 3 reps, 2 threads
 // (bench/results/kernels.md): BF16 GB/s +5.9% / +3.4% / +3.4% (median per-pair ratio) at ctx 512 x
 // 128, 4096 x 16, 16384 x 4, faster in 25 of 36 pairs; FP8 with it measured slower (in 13 of 16
-// pairs), so FP8 keeps one pair ahead. Two pairs ahead into L1 measured slower for both
-// (kernels.md).
+// pairs), so FP8 keeps one pair ahead there. Two pairs ahead into L1 measured slower for both
+// (kernels.md). On Zen 4 (32 KiB L1D) the far pair made FP8 faster in all 6 pairs at DRAM-sized
+// steps, GQA (ctx 4096 x 16, 512 x 128) and `small`'s shape (group 1, head_dim 64: 8 KiB pairs,
+// the fewest instructions per byte; without it a profile of that step put 18% of the samples just
+// after prefetcht0 and 40% just after the K and V loads: the core waits on memory with its miss
+// buffers full), and in 1 of 2 at `small`'s partly L3-resident batch 7: 2 threads, A B A B, 3
+// reps each (bench/results/kernels.md, "FP8 attention's far prefetch on Zen 4"). So
+// FP8 takes it where L1D is 32 KiB or less (FarPair). Which cache property decides is a guess
+// from the two hosts (no cache counters in these VMs); Zen 5 at `small`'s shape is not measured.
+inline bool FarPair(bool fp8) { return !fp8 || internal::L1DataCacheBytes() <= (size_t{32} << 10); }
+
 class Prefetcher {
  public:
   static constexpr int kMaxRanges = 2 * kMaxBlockPages;
@@ -652,11 +662,12 @@ KVG_BF16DOT_TARGET void Attend(const PagedKvView& kv, int group, float softmax_s
       pf.Add(v_base + offset, static_cast<size_t>(count) * dim * kElem, far);
     }
   };
-  // queue(block, g), while pair (block, g) runs: the next pair for L1, and for BF16 the one after
-  // it for L2 (see Prefetcher).
+  // queue(block, g), while pair (block, g) runs: the next pair for L1, and where FarPair says so
+  // the one after it for L2 (see Prefetcher).
+  const bool far_pair = FarPair(kFp8);
   auto queue = [&](int block, int g) {
     pf.Reset();
-    for (int ahead = 1; ahead <= (kFp8 ? 1 : 2); ++ahead) {
+    for (int ahead = 1; ahead <= (far_pair ? 2 : 1); ++ahead) {
       const int idx = g + ahead;
       add(block + idx / task.kv_heads * block_pages, idx % task.kv_heads, ahead == 2);
     }

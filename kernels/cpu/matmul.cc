@@ -35,8 +35,6 @@
 // at most 2^-100 sum |w_c|. A block holding inf or NaN makes the column's outputs NaN.
 #include "kernels/cpu/matmul.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -47,6 +45,7 @@
 #include <vector>
 
 #include "absl/base/internal/raw_logging.h"
+#include "kernels/cpu/internal/cache_info.h"
 
 #ifndef KVGUARD_KERNELS_CPU_MATMUL_SHARED_
 #define KVGUARD_KERNELS_CPU_MATMUL_SHARED_
@@ -142,10 +141,23 @@ constexpr size_t kLanes = hn::MaxLanes(DF());
 // RowsPerPass returns how many rows share each load of x when NB columns are processed together:
 // enough that x loads stop dominating at small batches, few enough to stay in registers (wide
 // vectors only; 128-bit targets have too few registers).
+// With 32 vector registers (AVX-512), tiles of 3 and 4 columns (prefill, and decode batches of 3
+// and more with FP8/BF16/FP32 weights) take 3 and 2 rows: R x NB x 2 = 18 and 16 accumulators,
+// 2R weight vectors and one column's x fit. With one row, each x load fed a single FMA. Measured
+// on Zen 4, 2 threads, A B A B, 3 reps each (bench/results/kernels.md, "Prefill matmul rows per
+// pass"): BM_MatMulPrefill FP8 at medium's four shapes 51-86 GFLOP/s with one row, 95-121 with
+// two; BF16 59-70 -> 83-106; FP8 4096x4096 at batch 8 57-78 -> 113. Accumulation order is the
+// same for every R (Accumulators), so outputs are unchanged bit for bit.
 template <int NB>
 constexpr int RowsPerPass() {
   if (kLanes < 8) return 1;
-  return NB == 1 ? 4 : NB == 2 ? 2 : 1;
+  if (NB == 1) return 4;
+  if (NB == 2) return 2;
+#if HWY_TARGET <= HWY_AVX3
+  return NB == 3 ? 3 : 2;
+#else
+  return 1;
+#endif
 }
 
 // Accumulators per (row, column): at least 16 partial sums per output on every target, which is
@@ -1104,16 +1116,7 @@ HWY_AFTER_NAMESPACE();
 namespace kvguard::kernels {
 namespace matmul_internal {
 
-bool PrefetchIntoL2(size_t lead_bytes) {
-  static const size_t l1d_bytes = [] {
-    int64_t bytes = 0;
-#ifdef _SC_LEVEL1_DCACHE_SIZE  // glibc
-    bytes = sysconf(_SC_LEVEL1_DCACHE_SIZE);
-#endif
-    return bytes > 0 ? static_cast<size_t>(bytes) : size_t{32} << 10;  // unknown: assume 32 KiB
-  }();
-  return lead_bytes > l1d_bytes / 2;
-}
+bool PrefetchIntoL2(size_t lead_bytes) { return lead_bytes > internal::L1DataCacheBytes() / 2; }
 
 uint64_t NextCall() {
   static std::atomic<uint64_t> calls{0};
