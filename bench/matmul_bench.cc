@@ -6,10 +6,19 @@
 // x and y are small. Each iteration uses the next of several copies of W, more than 512 MiB in
 // all, so the weights come from DRAM, not from a last-level cache.
 //
+//   BM_MatMul/int4/<rows>x<cols>/batch:<3|7>/threads:2
+// the `small` model's decode matrices (fused Q/K/V 2304 x 768, O 768 x 768, fused gate/up
+// 4096 x 768, down 768 x 2048, output 32000 x 768) at the batches its FP8-KV / BF16-KV target runs
+// at (`kvguard bench --model small --context 2048 --kv-cache-bytes 288M`, C = 16: BF16 KV holds 3
+// requests at once, FP8 KV 7). At batch 7 INT4 is bound by arithmetic, not bytes: compare `flops`.
+//
 //   BM_MatMulCached/<fp8|int4>/2048x2048/batch:1/threads:<1|2>
 // the `medium` model's attention projection shape, one copy of W read again every iteration
 // (4 MiB FP8, 2 MiB INT4: held in L2/L3), so memory does not bind: each format's compute ceiling
 // and the per-call cost of a small layer.
+//
+//   BM_MatMulCached/int4/<768x768|2304x768>/batch:7/threads:1
+// the same for `small`'s O and fused Q/K/V at batch 7 (see below): INT4's arithmetic rate there.
 //
 //   BM_MatMulPrefill/<fp8|bf16>/<rows>x<cols>/batch:32/threads:2
 // the `medium` model's prefill shapes (fused Q/K/V, gate/up, O, down) at a 32-token prompt with
@@ -153,6 +162,19 @@ const bool kRegistered = [] {
           ->Unit(benchmark::kMicrosecond);
     }
   }
+  const std::pair<int, int> small_shapes[] = {
+      {2304, 768}, {768, 768}, {4096, 768}, {768, 2048}, {32000, 768}};
+  for (int batch : {3, 7}) {
+    for (const auto& [rows, cols] : small_shapes) {
+      const std::string name = "BM_MatMul/int4/" + std::to_string(rows) + "x" +
+                               std::to_string(cols) + "/batch:" + std::to_string(batch) +
+                               "/threads:2";
+      benchmark::RegisterBenchmark(name.c_str(), BM_MatMul, WeightFormat::kInt4, rows, cols, batch,
+                                   2, false)
+          ->UseRealTime()
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
   for (WeightFormat f : {WeightFormat::kFp8, WeightFormat::kBf16}) {
     for (const auto& [rows, cols] : medium_shapes) {
       if (rows == 256 || rows == 5632) continue;  // unfused: the engine never calls them
@@ -172,6 +194,16 @@ const bool kRegistered = [] {
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
     }
+  }
+  // `small`'s O and fused Q/K/V at FP8 KV's batch, one thread, held in L2/L3: INT4's compute
+  // ceiling at that batch, without DRAM's noise.
+  for (const auto& [rows, cols] : {std::pair{768, 768}, std::pair{2304, 768}}) {
+    const std::string name = "BM_MatMulCached/int4/" + std::to_string(rows) + "x" +
+                             std::to_string(cols) + "/batch:7/threads:1";
+    benchmark::RegisterBenchmark(name.c_str(), BM_MatMul, WeightFormat::kInt4, rows, cols, 7, 1,
+                                 true)
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
   }
   return true;
 }();
