@@ -20,6 +20,9 @@
 //   BM_MatMulCached/int4/<768x768|2304x768>/batch:7/threads:1
 // the same for `small`'s O and fused Q/K/V at batch 7 (see below): INT4's arithmetic rate there.
 //
+//   BM_MatMulCached/fp8/2048x2048/batch:3/threads:1
+// FP8 weights in one 3-column tile, the shape that takes 3 rows per pass on AVX-512.
+//
 //   BM_MatMulPrefill/<fp8|bf16>/<rows>x<cols>/batch:32/threads:2
 // the `medium` model's prefill shapes (fused Q/K/V, gate/up, O, down) at a 32-token prompt with
 // the prefill weight formats: compute-bound, so the rate that matters is multiply-adds, reported
@@ -195,6 +198,11 @@ const bool kRegistered = [] {
           ->Unit(benchmark::kMicrosecond);
     }
   }
+  // FP8 weights at batch 3 (one 3-column tile: 3 rows per pass on AVX-512), in cache, one thread.
+  benchmark::RegisterBenchmark("BM_MatMulCached/fp8/2048x2048/batch:3/threads:1", BM_MatMul,
+                               WeightFormat::kFp8, 2048, 2048, 3, 1, true)
+      ->UseRealTime()
+      ->Unit(benchmark::kMicrosecond);
   // `small`'s O and fused Q/K/V at FP8 KV's batch, one thread, held in L2/L3: INT4's compute
   // ceiling at that batch, without DRAM's noise.
   for (const auto& [rows, cols] : {std::pair{768, 768}, std::pair{2304, 768}}) {

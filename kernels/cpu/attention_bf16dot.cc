@@ -201,6 +201,8 @@ KVG_BF16DOT_TARGET inline __m512i Load2Rows16(const uint16_t* r, size_t stride) 
 // reps each (bench/results/kernels.md, "FP8 attention's far prefetch on Zen 4"). So
 // FP8 takes it where L1D is 32 KiB or less (FarPair). Which cache property decides is a guess
 // from the two hosts (no cache counters in these VMs); Zen 5 at `small`'s shape is not measured.
+// Where the OS does not report the L1D size, L1DataCacheBytes assumes 32 KiB, so FP8 takes the
+// far pair there too (not measured on such a host).
 inline bool FarPair(bool fp8) { return !fp8 || internal::L1DataCacheBytes() <= (size_t{32} << 10); }
 
 class Prefetcher {
