@@ -24,6 +24,8 @@ double StreamReadGBps(int threads, int reps = 5, size_t bytes = size_t{1} << 30)
 // Counter names: every memory-bound benchmark reports the bytes it must move per iteration as
 // kBytes (a rate, bytes/s), so the summary can divide it by STREAM's read rate.
 inline constexpr const char* kBytes = "bytes";
+// Compute-bound benchmarks also report the floating-point operations per iteration as kFlops.
+inline constexpr const char* kFlops = "flops";
 
 struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }

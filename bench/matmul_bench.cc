@@ -126,8 +126,21 @@ void BM_MatMul(benchmark::State& state, WeightFormat format, int rows, int cols,
   state.counters[kBytes] =
       benchmark::Counter(static_cast<double>(kernels::WeightBytes(copies.views[0])),
                          benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["flops"] =
+  state.counters[kFlops] =
       benchmark::Counter(2.0 * rows * cols * batch, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Register adds <family>/<format>/<rows>x<cols>/batch:<batch>/threads:<threads> (cached: one copy
+// of W, read again every iteration).
+void Register(const char* family, WeightFormat f, int rows, int cols, int batch, int threads,
+              bool cached) {
+  const std::string name = std::string(family) + "/" + kernels::WeightFormatName(f) + "/" +
+                           std::to_string(rows) + "x" + std::to_string(cols) +
+                           "/batch:" + std::to_string(batch) +
+                           "/threads:" + std::to_string(threads);
+  benchmark::RegisterBenchmark(name.c_str(), BM_MatMul, f, rows, cols, batch, threads, cached)
+      ->UseRealTime()
+      ->Unit(benchmark::kMicrosecond);
 }
 
 const bool kRegistered = [] {
@@ -136,16 +149,7 @@ const bool kRegistered = [] {
        {WeightFormat::kFp32, WeightFormat::kBf16, WeightFormat::kFp8, WeightFormat::kInt4}) {
     for (const auto& [rows, cols] : shapes) {
       for (int batch : {1, 8}) {
-        for (int threads : {1, 2}) {
-          const std::string name = std::string("BM_MatMul/") + kernels::WeightFormatName(f) + "/" +
-                                   std::to_string(rows) + "x" + std::to_string(cols) +
-                                   "/batch:" + std::to_string(batch) +
-                                   "/threads:" + std::to_string(threads);
-          benchmark::RegisterBenchmark(name.c_str(), BM_MatMul, f, rows, cols, batch, threads,
-                                       false)
-              ->UseRealTime()
-              ->Unit(benchmark::kMicrosecond);
-        }
+        for (int threads : {1, 2}) Register("BM_MatMul", f, rows, cols, batch, threads, false);
       }
     }
   }
@@ -156,62 +160,31 @@ const bool kRegistered = [] {
   const std::pair<int, int> medium_shapes[] = {{2560, 2048}, {11264, 2048}, {2048, 2048},
                                                {2048, 5632}, {256, 2048},   {5632, 2048}};
   for (WeightFormat f : {WeightFormat::kFp8, WeightFormat::kInt4}) {
-    for (const auto& [rows, cols] : medium_shapes) {
-      const std::string name = std::string("BM_MatMul/") + kernels::WeightFormatName(f) + "/" +
-                               std::to_string(rows) + "x" + std::to_string(cols) +
-                               "/batch:1/threads:2";
-      benchmark::RegisterBenchmark(name.c_str(), BM_MatMul, f, rows, cols, 1, 2, false)
-          ->UseRealTime()
-          ->Unit(benchmark::kMicrosecond);
-    }
+    for (const auto& [rows, cols] : medium_shapes)
+      Register("BM_MatMul", f, rows, cols, 1, 2, false);
   }
   const std::pair<int, int> small_shapes[] = {
       {2304, 768}, {768, 768}, {4096, 768}, {768, 2048}, {32000, 768}};
   for (int batch : {3, 7}) {
     for (const auto& [rows, cols] : small_shapes) {
-      const std::string name = "BM_MatMul/int4/" + std::to_string(rows) + "x" +
-                               std::to_string(cols) + "/batch:" + std::to_string(batch) +
-                               "/threads:2";
-      benchmark::RegisterBenchmark(name.c_str(), BM_MatMul, WeightFormat::kInt4, rows, cols, batch,
-                                   2, false)
-          ->UseRealTime()
-          ->Unit(benchmark::kMicrosecond);
+      Register("BM_MatMul", WeightFormat::kInt4, rows, cols, batch, 2, false);
     }
   }
   for (WeightFormat f : {WeightFormat::kFp8, WeightFormat::kBf16}) {
     for (const auto& [rows, cols] : medium_shapes) {
       if (rows == 256 || rows == 5632) continue;  // unfused: the engine never calls them
-      const std::string name = std::string("BM_MatMulPrefill/") + kernels::WeightFormatName(f) +
-                               "/" + std::to_string(rows) + "x" + std::to_string(cols) +
-                               "/batch:32/threads:2";
-      benchmark::RegisterBenchmark(name.c_str(), BM_MatMul, f, rows, cols, 32, 2, false)
-          ->UseRealTime()
-          ->Unit(benchmark::kMicrosecond);
+      Register("BM_MatMulPrefill", f, rows, cols, 32, 2, false);
     }
   }
   for (WeightFormat f : {WeightFormat::kFp8, WeightFormat::kInt4}) {
-    for (int threads : {1, 2}) {
-      const std::string name = std::string("BM_MatMulCached/") + kernels::WeightFormatName(f) +
-                               "/2048x2048/batch:1/threads:" + std::to_string(threads);
-      benchmark::RegisterBenchmark(name.c_str(), BM_MatMul, f, 2048, 2048, 1, threads, true)
-          ->UseRealTime()
-          ->Unit(benchmark::kMicrosecond);
-    }
+    for (int threads : {1, 2}) Register("BM_MatMulCached", f, 2048, 2048, 1, threads, true);
   }
   // FP8 weights at batch 3 (one 3-column tile: 3 rows per pass on AVX-512), in cache, one thread.
-  benchmark::RegisterBenchmark("BM_MatMulCached/fp8/2048x2048/batch:3/threads:1", BM_MatMul,
-                               WeightFormat::kFp8, 2048, 2048, 3, 1, true)
-      ->UseRealTime()
-      ->Unit(benchmark::kMicrosecond);
+  Register("BM_MatMulCached", WeightFormat::kFp8, 2048, 2048, 3, 1, true);
   // `small`'s O and fused Q/K/V at FP8 KV's batch, one thread, held in L2/L3: INT4's compute
   // ceiling at that batch, without DRAM's noise.
   for (const auto& [rows, cols] : {std::pair{768, 768}, std::pair{2304, 768}}) {
-    const std::string name = "BM_MatMulCached/int4/" + std::to_string(rows) + "x" +
-                             std::to_string(cols) + "/batch:7/threads:1";
-    benchmark::RegisterBenchmark(name.c_str(), BM_MatMul, WeightFormat::kInt4, rows, cols, 7, 1,
-                                 true)
-        ->UseRealTime()
-        ->Unit(benchmark::kMicrosecond);
+    Register("BM_MatMulCached", WeightFormat::kInt4, rows, cols, 7, 1, true);
   }
   return true;
 }();

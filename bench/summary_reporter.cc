@@ -42,7 +42,7 @@ void SummaryReporter::ReportRuns(const std::vector<Run>& runs) {
     row.repetitions = static_cast<int>(run.repetitions);
     const auto it = run.counters.find(kBytes);
     if (it != run.counters.end()) row.gbytes_per_s = it->second.value / 1e9;
-    const auto flops = run.counters.find("flops");
+    const auto flops = run.counters.find(kFlops);
     if (flops != run.counters.end()) row.gflops_per_s = flops->second.value / 1e9;
     // Adjusted times are in run.time_unit; the multiplier is units per second.
     row.ms_per_iter =

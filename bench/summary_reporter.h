@@ -16,7 +16,7 @@ namespace kvguard::bench {
 struct SummaryRow {
   std::string name;         // benchmark name without the aggregate suffix
   double gbytes_per_s = 0;  // kBytes counter / 1e9; 0 when the benchmark reports no bytes
-  double gflops_per_s = 0;  // "flops" counter / 1e9 (compute-bound benchmarks); 0 when absent
+  double gflops_per_s = 0;  // kFlops counter / 1e9 (compute-bound benchmarks); 0 when absent
   double ms_per_iter = 0;   // real or CPU time per iteration, whichever the benchmark used
   int threads = 0;          // parsed from "threads:N" in the name (0 when absent)
   int repetitions = 1;

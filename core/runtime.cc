@@ -132,15 +132,15 @@ absl::StatusOr<Loaded> LoadModel(const RuntimeOptions& options) {
     prompts.push_back(loaded.tokenizer->Encode(p, /*add_bos=*/true));
   }
   if (absl::Status s = loaded.model->CalibrateKvScales(prompts, &pool); !s.ok()) return s;
-    // Hand the loader's freed FP32 staging buffers back to the OS. A tensor buffer of 128 KiB-32
-    // MiB comes from a malloc arena (glibc raises its mmap threshold after the first large free),
-    // and its pages stay resident, and in the peak RSS that the engine's memory target counts, once
-    // freed. Measured on Zen 4 (`kvguard bench --model small --context 2048 --kv-cache-bytes 288M
-    // --concurrency 16 --configs int4/fp8_e4m3,int4/bf16 --rounds 1`, old and new binary
-    // alternated A B A B): peak RSS 0.577 / 0.595 GiB without this, 0.562 / 0.562 with it, against
-    // 0.528 GiB of weights + KV budget (+9.3% / +12.6% -> +6.5% / +6.4%). glibc only: other C
-    // libraries' allocators differ, and the sanitizers' allocators do not keep glibc's arenas.
 #if defined(__GLIBC__)
+  // Hand the loader's freed FP32 staging buffers back to the OS. A tensor buffer of 128 KiB-32 MiB
+  // comes from a malloc arena (glibc raises its mmap threshold after the first large free), and its
+  // pages stay resident, and in the peak RSS that the engine's memory target counts, once freed.
+  // Measured on Zen 4 (`kvguard bench --model small --context 2048 --kv-cache-bytes 288M
+  // --concurrency 16 --configs int4/fp8_e4m3,int4/bf16 --rounds 1`, old and new binary alternated A
+  // B A B): peak RSS 0.577 / 0.595 GiB without this, 0.562 / 0.562 with it, against 0.528 GiB of
+  // weights + KV budget (+9.3% / +12.6% -> +6.5% / +6.4%). glibc only: other C libraries'
+  // allocators differ, and the sanitizers' allocators do not keep glibc's arenas.
   malloc_trim(0);
 #endif
   loaded.load_seconds =
