@@ -17,6 +17,20 @@ double Seconds(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
 }
 
+// ParkUntil waits on the engine's condition variable until `can_start` holds, with *parked
+// set while it waits (Engine::WaitUntilSettled reads it). Waiters are woken once, when the
+// worker parks, not on every spurious wake-up: two parked workers must not wake each other
+// back and forth.
+template <typename Pred>
+void ParkUntil(std::unique_lock<std::mutex>& lock, std::condition_variable& cv, bool* parked,
+               Pred can_start) {
+  if (can_start()) return;
+  *parked = true;
+  cv.notify_all();
+  cv.wait(lock, can_start);
+  *parked = false;
+}
+
 }  // namespace
 
 std::string FinishReasonName(FinishReason reason) {
@@ -124,6 +138,7 @@ Engine::Engine(std::shared_ptr<Model> model, std::shared_ptr<const Tokenizer> to
       decode_pool_(options.decode_threads) {
   stats_.total_pages = pool_->num_pages();
   admission_usage_ = options_.admission_ratio;
+  if (options_.start_paused) prefill_allowance_ = decode_allowance_ = 0;
   prefill_thread_ = std::thread([this] { PrefillLoop(); });
   decode_thread_ = std::thread([this] { DecodeLoop(); });
 }
@@ -204,7 +219,9 @@ void Engine::Cancel(RequestId id) {
     waiting_.erase(std::find(waiting_.begin(), waiting_.end(), r));
     FinishLocked(r, FinishReason::kCancelled, {});
   }
-  // Prefilling, handed over or running: the worker that holds it finishes it.
+  // Prefilling, handed over or running: the worker that holds it finishes it (a paused decode
+  // worker too: DecodeCanStartLocked).
+  cv_.notify_all();
 }
 
 absl::StatusOr<GenerationResult> Engine::Wait(RequestId id) {
@@ -224,6 +241,51 @@ absl::StatusOr<GenerationResult> Engine::Wait(RequestId id) {
   GenerationResult result = std::move(it->second->result);
   requests_.erase(it);
   return result;
+}
+
+void Engine::Allow(EngineWorker worker, int64_t units) {
+  std::unique_lock<std::mutex> lock(mu_);
+  (worker == EngineWorker::kPrefill ? prefill_allowance_ : decode_allowance_) =
+      std::max(units, kUnlimitedWork);
+  cv_.notify_all();
+}
+
+void Engine::WaitUntilSettled() {
+  std::unique_lock<std::mutex> lock(mu_);
+  // A parked worker whose predicate has since become true is about to wake: not settled yet.
+  cv_.wait(lock, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || (prefill_parked_ && !PrefillCanStartLocked() && decode_parked_ &&
+                         !DecodeCanStartLocked());
+  });
+}
+
+bool Engine::PrefillCanStartLocked() const {
+  if (stopping_) return true;
+  if (prefill_allowance_ == 0 || waiting_.empty()) return false;
+  // Admit the oldest waiting request once the pool holds its pages plus the reserve and the
+  // decode batch has room for it.
+  const int in_flight = prefilling_ + static_cast<int>(running_.size() + handed_over_.size());
+  if (in_flight >= options_.max_batch) return false;
+  const int P = pool_->page_size();
+  const Request* next = waiting_.front();
+  int64_t need = (next->PrefillLength() + P - 1) / P + options_.reserve_pages;
+  const double ratio = AdmissionRatioLocked();
+  if (in_flight > 0 && ratio > 0) {  // see EngineOptions::admission_ratio
+    int64_t growth = GrowthPagesLocked(next);
+    for (const Request* r : running_) growth += GrowthPagesLocked(r);
+    for (const Request* r : handed_over_) growth += GrowthPagesLocked(r);
+    need += static_cast<int64_t>(std::ceil(ratio * static_cast<double>(growth)));
+  }
+  return pool_->table().free_pages() >= need;
+}
+
+bool Engine::DecodeCanStartLocked() const {
+  if (stopping_) return true;
+  if (decode_allowance_ != 0) return !running_.empty() || !handed_over_.empty();
+  // Paused: no step, but cancelled requests still leave (a draining server cancels them).
+  auto cancelled = [](const Request* r) { return r->cancelled; };
+  return std::any_of(running_.begin(), running_.end(), cancelled) ||
+         std::any_of(handed_over_.begin(), handed_over_.end(), cancelled);
 }
 
 EngineStats Engine::stats() const {
@@ -382,7 +444,6 @@ void Engine::CheckAccountingLocked() {
 
 void Engine::PrefillLoop() {
   const ModelConfig& c = model_->config();
-  const int P = pool_->page_size();
   std::vector<float> logits(c.vocab_size);
   for (;;) {
     Request* r = nullptr;
@@ -390,26 +451,10 @@ void Engine::PrefillLoop() {
     isolation::Mode mode = isolation::Mode::kEnforce;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      // Admit the oldest waiting request once the pool holds its pages plus the reserve
-      // and the decode batch has room for it.
-      auto ready = [this, P]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        if (stopping_) return true;
-        if (waiting_.empty()) return false;
-        const int in_flight = prefilling_ + static_cast<int>(running_.size() + handed_over_.size());
-        if (in_flight >= options_.max_batch) return false;
-        const Request* next = waiting_.front();
-        int64_t need = (next->PrefillLength() + P - 1) / P + options_.reserve_pages;
-        const double ratio = AdmissionRatioLocked();
-        if (in_flight > 0 && ratio > 0) {  // see EngineOptions::admission_ratio
-          int64_t growth = GrowthPagesLocked(next);
-          for (const Request* r : running_) growth += GrowthPagesLocked(r);
-          for (const Request* r : handed_over_) growth += GrowthPagesLocked(r);
-          need += static_cast<int64_t>(std::ceil(ratio * static_cast<double>(growth)));
-        }
-        return pool_->table().free_pages() >= need;
-      };
-      cv_.wait(lock, ready);
+      ParkUntil(lock, cv_, &prefill_parked_,
+                [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return PrefillCanStartLocked(); });
       if (stopping_) return;
+      if (prefill_allowance_ > 0) --prefill_allowance_;
       r = waiting_.front();
       waiting_.pop_front();
       n = r->PrefillLength();
@@ -509,10 +554,8 @@ void Engine::DecodeLoop() {
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || !running_.empty() || !handed_over_.empty();
-      };
-      cv_.wait(lock, has_work);
+      ParkUntil(lock, cv_, &decode_parked_,
+                [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return DecodeCanStartLocked(); });
       if (stopping_) return;
       for (Request* r : handed_over_) {
         r->state = Request::State::kRunning;
@@ -528,6 +571,7 @@ void Engine::DecodeLoop() {
           ++i;
         }
       }
+      if (decode_allowance_ == 0) continue;  // paused (Allow): only the cancelled left
       // Every request needs a slot for its next token. Oldest first; when the pool is dry
       // the newest running request is preempted (pages released, recomputed later).
       for (size_t i = 0; i < running_.size();) {
@@ -596,6 +640,7 @@ void Engine::DecodeLoop() {
         continue;
       }
       stats_.max_running = std::max(stats_.max_running, static_cast<int>(running_.size()));
+      if (decode_allowance_ > 0) --decode_allowance_;  // the step runs: it uses one unit
       batch = running_;
       items.clear();
       tag_faults.assign(batch.size(), -1);

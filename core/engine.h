@@ -63,6 +63,9 @@ struct EngineOptions {
   double admission_ratio_decay = 1e-3;
   int decode_threads = 2;   // threads of the decode worker's pool
   int prefill_threads = 2;  // threads of the prefill worker's pool
+  // Both workers start paused (an allowance of 0, Engine::Allow): tests submit their requests
+  // first and then let the workers run a known number of admissions and decode steps.
+  bool start_paused = false;
   // CHECK pool accounting (free + in use == total, and pages held by requests == pages in
   // use) after every step: on in debug builds (and the asan preset), and in tests.
 #ifdef NDEBUG
@@ -90,6 +93,10 @@ struct EngineFaults {
                                         // prefill runs (deterministically)
 };
 #endif
+
+// The engine's two workers, for pacing (Engine::Allow).
+enum class EngineWorker { kPrefill, kDecode };
+inline constexpr int64_t kUnlimitedWork = -1;
 
 // kAborted: an isolation violation (GenerationResult::violation says which).
 enum class FinishReason { kLength, kStop, kEos, kCancelled, kError, kAborted };
@@ -158,6 +165,20 @@ class Engine {
   // Wait blocks until `id` finishes and returns its result (once; NotFound after that).
   absl::StatusOr<GenerationResult> Wait(RequestId id);
 
+  // Pacing, for tests and tools that must line work up whatever the threads' speed (the
+  // service leaves both unlimited). Allow lets `worker` start `units` more units of work from
+  // now on, replacing what it had left: admissions (a waiting request taken into prefill) for
+  // kPrefill, decode steps (forward passes over the batch) for kDecode. kUnlimitedWork, the
+  // default, lifts the limit; 0 pauses the worker once the unit in hand is done. A
+  // paused decode worker still finishes the requests it holds as they are cancelled.
+  void Allow(EngineWorker worker, int64_t units);
+
+  // WaitUntilSettled blocks until neither worker can start anything: each has used up its
+  // allowance or has nothing it may start (no request to decode; no waiting request, or the
+  // oldest does not fit yet). Then no step is in flight and no page waits out an epoch, and
+  // the engine stays so until a Submit, Cancel or Allow. Returns at once while stopping.
+  void WaitUntilSettled();
+
   EngineStats stats() const;
   const Model& model() const { return *model_; }
   const KvPool& pool() const { return *pool_; }
@@ -175,6 +196,11 @@ class Engine {
          const EngineOptions& options);
   void PrefillLoop();
   void DecodeLoop();
+  // PrefillCanStartLocked: the prefill worker may admit the oldest waiting request now (or
+  // the engine is stopping). DecodeCanStartLocked: the decode worker has requests to step and
+  // allowance to step them (or the engine is stopping).
+  bool PrefillCanStartLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool DecodeCanStartLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Finish records the outcome, releases pages and wakes waiters. Requires mu_.
   void FinishLocked(Request* r, FinishReason reason, absl::Status status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -210,6 +236,12 @@ class Engine {
   std::vector<Request*> handed_over_ ABSL_GUARDED_BY(mu_);  // prefilled, not yet running
   std::vector<Request*> running_ ABSL_GUARDED_BY(mu_);      // decode worker's batch
   int prefilling_ ABSL_GUARDED_BY(mu_) = 0;
+  // Engine::Allow: units of work each worker may still start (kUnlimitedWork: no limit), and
+  // whether it is waiting for work it may start (WaitUntilSettled).
+  int64_t prefill_allowance_ ABSL_GUARDED_BY(mu_) = kUnlimitedWork;
+  int64_t decode_allowance_ ABSL_GUARDED_BY(mu_) = kUnlimitedWork;
+  bool prefill_parked_ ABSL_GUARDED_BY(mu_) = false;
+  bool decode_parked_ ABSL_GUARDED_BY(mu_) = false;
   // EngineOptions::admission_ratio: the usage estimate, and the raise after a preemption.
   double admission_usage_ ABSL_GUARDED_BY(mu_) = 0;
   double admission_raise_ ABSL_GUARDED_BY(mu_) = 0;

@@ -8,11 +8,14 @@
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <random>
 #include <thread>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -641,6 +644,32 @@ void Server::Impl::SetupAdmin() {
     EngineFaults f;
     f.release_during_step_next_of_tenant = body["tenant"].get<std::string>();
     engine->set_faults(f);
+    res.set_content("{}", "application/json");
+  });
+  // Test builds only: pace the engine's workers (Engine::Allow), so that an end-to-end test can
+  // hold requests in flight for as long as it needs, whatever the machine's speed. Body:
+  // {"prefill": N, "decode": N}, either or both, N >= 0 units of work or null for no limit.
+  admin.Post("/admin/test/pace", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!AdminAuthorized(req, res)) return;
+    const json body = json::parse(req.body, nullptr, false);
+    const char* kShape =
+        "body must be {\"prefill\": N, \"decode\": N} (either or both; N >= 0, or null for "
+        "no limit)";
+    if (!body.is_object() || body.empty()) {
+      return Reply(res, Error(400, "invalid_request_error", "invalid_value", kShape));
+    }
+    std::vector<std::pair<EngineWorker, int64_t>> pace;
+    for (const auto& [key, value] : body.items()) {
+      const bool known = key == "prefill" || key == "decode";
+      const bool count = value.is_number_unsigned() &&
+                         value.get<uint64_t>() <= uint64_t{std::numeric_limits<int64_t>::max()};
+      if (!known || !(count || value.is_null())) {
+        return Reply(res, Error(400, "invalid_request_error", "invalid_value", kShape));
+      }
+      pace.emplace_back(key == "prefill" ? EngineWorker::kPrefill : EngineWorker::kDecode,
+                        value.is_null() ? kUnlimitedWork : value.get<int64_t>());
+    }
+    for (const auto& [worker, units] : pace) engine->Allow(worker, units);
     res.set_content("{}", "application/json");
   });
 #endif

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <chrono>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -32,25 +31,35 @@ struct Harness {
   std::shared_ptr<isolation::MemoryAuditSink> sink;
 };
 
+struct Setup {
+  int pages = 64;                // KV pages of 16 tokens
+  Mode mode_a = Mode::kEnforce;  // tenant a's mode
+  bool check_accounting = true;  // off where a fault breaks the accounting on purpose
+  // Admit on the prompt's pages plus the reserve alone (no growth reservation,
+  // EngineOptions::admission_ratio 0), for tests that need the pool to run dry mid-decode.
+  bool greedy_admission = false;
+  bool paused = false;  // EngineOptions::start_paused: the test paces the workers
+};
+
 // Tenants "a" and "b" (enforce unless told) and "s" (strict, quarantined after 2).
-// greedy_admission: admit on the prompt's pages plus the reserve alone (no growth reservation,
-// EngineOptions::admission_ratio 0), for tests that need the pool to run dry mid-decode.
-Harness Make(int pages, Mode mode_a = Mode::kEnforce, bool check_accounting = true,
-             bool greedy_admission = false) {
+Harness Make(const Setup& setup) {
   const TinyModel& s = Fp32Tiny();
   KvPoolOptions po;
   po.dtype = KvDtype::kFp32;
-  po.budget_bytes = s.model->config().KvBytesPerToken(4) * 16 * size_t(pages);
+  po.budget_bytes = s.model->config().KvBytesPerToken(4) * 16 * size_t(setup.pages);
   EngineOptions eo;
-  eo.check_accounting = check_accounting;
-  if (greedy_admission) eo.admission_ratio = eo.admission_ratio_min = eo.admission_ratio_decay = 0;
+  eo.check_accounting = setup.check_accounting;
+  if (setup.greedy_admission) {
+    eo.admission_ratio = eo.admission_ratio_min = eo.admission_ratio_decay = 0;
+  }
+  eo.start_paused = setup.paused;
   eo.decode_threads = 2;
   eo.prefill_threads = 1;
   Harness h;
   h.sink = std::make_shared<isolation::MemoryAuditSink>();
   eo.isolation.sink = h.sink;
   eo.isolation.policy.tenants = {
-      {"a", mode_a, 3}, {"b", Mode::kEnforce, 3}, {"s", Mode::kStrict, 2}};
+      {"a", setup.mode_a, 3}, {"b", Mode::kEnforce, 3}, {"s", Mode::kStrict, 2}};
   h.engine = *Engine::Create(s.model, s.tokenizer, *KvPool::Create(s.model->config(), po), eo);
   return h;
 }
@@ -67,7 +76,7 @@ GenerationRequest Greedy(const std::string& tenant, const std::string& prompt, i
 const std::vector<std::string> kPrompts = {"Once upon a time", "The robot", "kvguard isolation"};
 
 std::vector<int> Alone(const std::string& prompt, int max_tokens) {
-  Harness h = Make(64);
+  Harness h = Make({});
   const RequestId id = *h.engine->Submit(Greedy("a", prompt, max_tokens));
   return h.engine->Wait(id)->tokens;
 }
@@ -92,11 +101,10 @@ std::vector<GenerationResult> RunThree(Harness& h, const EngineFaults& faults, i
 
 void ExpectPoolWhole(Engine& engine) {
   KvPool& pool = engine.mutable_pool();
-  // Pages released during the last step wait out its epoch; the decode worker unpins right
-  // after the step, so give it a moment.
-  for (int i = 0; i < 200 && pool.table().limbo_pages() > 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  // Settled, no step is in flight: pages released during the last one have waited out its
+  // epoch.
+  engine.WaitUntilSettled();
+  EXPECT_EQ(pool.table().limbo_pages(), 0);
   EXPECT_TRUE(pool.table().CheckAccounting().ok()) << pool.table().CheckAccounting();
   EXPECT_EQ(pool.table().free_pages(), pool.num_pages());
 }
@@ -106,7 +114,7 @@ TEST(EngineIsolationTest, ReleaseDuringStepIsCaughtBeforeTheReadAndAbortsOnlyTha
   for (const auto& p : kPrompts) alone.push_back(Alone(p, 12));
   for (const bool fault : {false, true}) {
     SCOPED_TRACE(fault ? "with the fault" : "twin without it");
-    Harness h = Make(64, Mode::kEnforce, /*check_accounting=*/!fault);
+    Harness h = Make({.check_accounting = !fault});
     EngineFaults f;
     if (fault) f.release_during_step = 2;
     const std::vector<GenerationResult> r = RunThree(h, f, 12);
@@ -136,7 +144,7 @@ TEST(EngineIsolationTest, PrefillNeverWritesIntoAPageReleasedUnderIt) {
   for (const Mode mode : {Mode::kOff, Mode::kEnforce}) {
     for (const bool fault : {false, true}) {
       SCOPED_TRACE(absl::StrCat(isolation::ModeName(mode), fault ? " with the fault" : " twin"));
-      Harness h = Make(64, mode, /*check_accounting=*/!fault);
+      Harness h = Make({.mode_a = mode, .check_accounting = !fault});
       EngineFaults f;
       if (fault) f.release_during_prefill = 2;
       const std::vector<GenerationResult> r = RunThree(h, f, 6);
@@ -163,7 +171,7 @@ TEST(EngineIsolationTest, DoubleReleaseIsRefusedReportedAndFreesNothingTwice) {
   for (const auto& p : kPrompts) alone.push_back(Alone(p, 8));
   for (const bool fault : {false, true}) {
     SCOPED_TRACE(fault ? "with the fault" : "twin without it");
-    Harness h = Make(64);
+    Harness h = Make({});
     EngineFaults f;
     if (fault) f.double_release = 1;
     const std::vector<GenerationResult> r = RunThree(h, f, 8);
@@ -188,7 +196,7 @@ TEST(EngineIsolationTest, HandoverOfACancelledRequestIsCaughtByVerification) {
   for (const auto& p : kPrompts) alone.push_back(Alone(p, 10));
   for (const bool fault : {false, true}) {
     SCOPED_TRACE(fault ? "with the fault" : "twin without it");
-    Harness h = Make(64, Mode::kEnforce, /*check_accounting=*/!fault);
+    Harness h = Make({.check_accounting = !fault});
     EngineFaults f;
     f.cancel_in_prefill = 2;
     f.handover_cancelled = fault;
@@ -213,48 +221,53 @@ TEST(EngineIsolationTest, HandoverOfACancelledRequestIsCaughtByVerification) {
   }
 }
 
-// The injected bug hands B a page A's in-flight step may be reading: a real data race (the
-// "known limit" in isolation/README.md: A's output for that step is discarded by the
-// post-step verification, but its kernel may load B's bytes). ThreadSanitizer rightly reports
-// it, so under TSan this scenario is skipped; the default and ASan builds run it.
+// The injected bug hands B one of A's pages while A is between decode steps. A's next step
+// must abort A before it reads the page and spare B. The test paces the workers so that B's
+// grant lands at the same point on every run: A is prefilled and decodes three steps, B is
+// submitted and prefilled while A waits, then both decode. (When the double grant lands while
+// A's step is in flight, A's kernels may load B's bytes; isolation/README.md states that known
+// limit, and the release-during-step tests cover mid-step changes.)
 //
 // Run with A in enforce and in off: an `off` tenant skips its own verification, but the
 // kernels' tag check still stops it reading a page that now belongs to someone else.
 TEST(EngineIsolationTest, APageGrantedToTwoSessionsAbortsTheOldOwnerAndSparesTheNewOne) {
-#if defined(__SANITIZE_THREAD__)
-  GTEST_SKIP() << "the injected double grant is a data race by design (see comment)";
-#endif
   const std::vector<int> alone_b = Alone(kPrompts[1], 16);
   for (const Mode mode_a : {Mode::kEnforce, Mode::kOff})
     for (const bool fault : {false, true}) {
       SCOPED_TRACE(fault ? "with the fault" : "twin without it");
       SCOPED_TRACE(isolation::ModeName(mode_a));
-      Harness h = Make(64, mode_a, /*check_accounting=*/!fault);
-      // A runs long; once it decodes, B arrives and (with the fault) is granted one of A's pages.
-      GenerationRequest a = Greedy("a", kPrompts[0], 400);
-      const RequestId id_a = *h.engine->Submit(std::move(a));
-      while (h.engine->stats().decode_steps < 3)
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      Harness h = Make({.mode_a = mode_a, .check_accounting = !fault, .paused = true});
+      Engine& engine = *h.engine;
+      const RequestId id_a = *engine.Submit(Greedy("a", kPrompts[0], 400));
+      engine.Allow(EngineWorker::kPrefill, kUnlimitedWork);
+      engine.Allow(EngineWorker::kDecode, 3);
+      engine.WaitUntilSettled();
       if (fault) {
         isolation::TableFaults tf;
         tf.grant_owned_page = true;
-        h.engine->mutable_pool().table().set_faults(tf);
+        engine.mutable_pool().table().set_faults(tf);
       }
-      const RequestId id_b = *h.engine->Submit(Greedy("b", kPrompts[1], 16));
-      const GenerationResult rb = *h.engine->Wait(id_b);
+      const RequestId id_b = *engine.Submit(Greedy("b", kPrompts[1], 16));
+      engine.WaitUntilSettled();  // B prefilled (with the fault, into one of A's pages)
+      EXPECT_EQ(engine.stats().running, 2);
+      // B's 15 decode steps (its first token came from prefill); then A is cancelled.
+      engine.Allow(EngineWorker::kDecode, 15);
+      const GenerationResult rb = *engine.Wait(id_b);
       EXPECT_EQ(rb.reason, FinishReason::kLength);
       EXPECT_EQ(rb.tokens, alone_b);
-      h.engine->Cancel(id_a);
-      const GenerationResult ra = *h.engine->Wait(id_a);
+      engine.WaitUntilSettled();
+      engine.Cancel(id_a);
+      engine.Allow(EngineWorker::kDecode, kUnlimitedWork);
+      const GenerationResult ra = *engine.Wait(id_a);
       if (fault) {
         EXPECT_EQ(ra.reason, FinishReason::kAborted);
         ASSERT_TRUE(ra.violation.has_value());
-        EXPECT_TRUE(ra.violation->kind == ViolationKind::kStaleGeneration ||
-                    ra.violation->kind == ViolationKind::kKernelTagMismatch)
+        // Enforce: the table verification before A's next step finds the page's new
+        // generation. Off: no table verification, so the kernels' tag check finds it.
+        EXPECT_EQ(ra.violation->kind, mode_a == Mode::kOff ? ViolationKind::kKernelTagMismatch
+                                                           : ViolationKind::kStaleGeneration)
             << isolation::ViolationKindName(ra.violation->kind);
-        if (mode_a == Mode::kOff) {
-          EXPECT_EQ(ra.violation->kind, ViolationKind::kKernelTagMismatch);
-        }
+        EXPECT_EQ(ra.tokens.size(), 4u) << "A decoded nothing after the double grant";
         // The client learns nothing about the page's new owner; the auditor learns all of it.
         EXPECT_EQ(ra.violation->actual_owner.session, 0u);
         EXPECT_EQ(ra.status.message().find("tenant"), std::string::npos) << ra.status;
@@ -268,8 +281,11 @@ TEST(EngineIsolationTest, APageGrantedToTwoSessionsAbortsTheOldOwnerAndSparesThe
         }
         EXPECT_TRUE(audited);
       } else {
-        EXPECT_TRUE(ra.reason == FinishReason::kCancelled || ra.reason == FinishReason::kLength);
+        EXPECT_EQ(ra.reason, FinishReason::kCancelled);
+        EXPECT_EQ(ra.tokens.size(), 1u + 3 + 15) << "prefill's token, then 3 + 15 decode steps";
+        EXPECT_TRUE(Violations(*h.sink).empty());
       }
+      ExpectPoolWhole(engine);
     }
 }
 
@@ -310,7 +326,7 @@ TEST(EngineIsolationTest, TableFaultsUnderTheEngineAreCaughtAndSpareTheOthers) {
   }
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
-    Harness h = Make(64, Mode::kEnforce, /*check_accounting=*/false);
+    Harness h = Make({.check_accounting = false});
     h.engine->mutable_pool().table().set_faults(c.table);
     const std::vector<GenerationResult> r = RunThree(h, c.engine, 12);
     for (size_t i = 0; i < r.size(); ++i) {
@@ -333,26 +349,31 @@ TEST(EngineIsolationTest, TableFaultsUnderTheEngineAreCaughtAndSpareTheOthers) {
   }
 }
 
+// Modes are read once per step, before verification: a change applies from the next step. The
+// workers are paced so that each phase runs an exact number of decode steps of the one request
+// (one page table verification per verified step).
 TEST(EngineIsolationTest, ModeChangesApplyFromTheNextStepAndAreRecorded) {
   const std::vector<int> alone = Alone(kPrompts[0], 400);
-  Harness h = Make(64, Mode::kOff);
-  const RequestId id = *h.engine->Submit(Greedy("a", kPrompts[0], 400));
-  while (h.engine->stats().decode_steps < 5)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  EXPECT_EQ(h.engine->guard().stats().verifications, 0) << "mode off verifies nothing";
-  ASSERT_TRUE(h.engine->guard().SetMode("a", Mode::kEnforce, "test-operator").ok());
-  while (h.engine->guard().stats().verifications < 5) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  // And back to off: verification stops (at most the step in flight still verifies).
-  ASSERT_TRUE(h.engine->guard().SetMode("a", Mode::kOff, "test-operator").ok());
-  std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  const int64_t after_off = h.engine->guard().stats().verifications;
-  const int64_t steps_after_off = h.engine->stats().decode_steps;
-  const GenerationResult r = *h.engine->Wait(id);
+  Harness h = Make({.mode_a = Mode::kOff, .paused = true});
+  Engine& engine = *h.engine;
+  const RequestId id = *engine.Submit(Greedy("a", kPrompts[0], 400));
+  engine.Allow(EngineWorker::kPrefill, kUnlimitedWork);
+  engine.Allow(EngineWorker::kDecode, 5);
+  engine.WaitUntilSettled();
+  EXPECT_EQ(engine.stats().decode_steps, 5);
+  EXPECT_EQ(engine.guard().stats().verifications, 0) << "mode off verifies nothing";
+  ASSERT_TRUE(engine.guard().SetMode("a", Mode::kEnforce, "test-operator").ok());
+  engine.Allow(EngineWorker::kDecode, 7);
+  engine.WaitUntilSettled();
+  EXPECT_EQ(engine.stats().decode_steps, 12);
+  EXPECT_EQ(engine.guard().stats().verifications, 7) << "every enforce step verifies";
+  // And back to off: verification stops from the next step on.
+  ASSERT_TRUE(engine.guard().SetMode("a", Mode::kOff, "test-operator").ok());
+  engine.Allow(EngineWorker::kDecode, kUnlimitedWork);
+  const GenerationResult r = *engine.Wait(id);
   EXPECT_EQ(r.tokens, alone);
-  EXPECT_GT(h.engine->stats().decode_steps, steps_after_off + 5) << "the request kept running";
-  EXPECT_LE(h.engine->guard().stats().verifications, after_off + 1);
+  EXPECT_EQ(engine.stats().decode_steps, 399) << "prefill gave the first of the 400 tokens";
+  EXPECT_EQ(engine.guard().stats().verifications, 7);
   std::vector<AuditEvent> changes;
   for (const AuditEvent& e : h.sink->events()) {
     if (e.type == AuditEvent::Type::kModeChange) changes.push_back(e);
@@ -380,7 +401,7 @@ bool PoolIsAllZero(Engine& engine) {
 TEST(EngineIsolationTest, StrictTenantsPagesAreScrubbedOnReleaseEnforceTenantsAreNot) {
   for (const std::string tenant : {"s", "a"}) {
     SCOPED_TRACE(tenant);
-    Harness h = Make(8);
+    Harness h = Make({.pages = 8});
     const RequestId id = *h.engine->Submit(Greedy(tenant, kPrompts[2], 20));
     EXPECT_EQ(h.engine->Wait(id)->reason, FinishReason::kLength);
     ExpectPoolWhole(*h.engine);
@@ -391,7 +412,7 @@ TEST(EngineIsolationTest, StrictTenantsPagesAreScrubbedOnReleaseEnforceTenantsAr
 TEST(EngineIsolationTest, StrictTenantIsQuarantinedAtItsLimitEnforceTenantIsNot) {
   for (const std::string tenant : {"s", "a"}) {
     SCOPED_TRACE(tenant);
-    Harness h = Make(64, Mode::kEnforce, /*check_accounting=*/false);
+    Harness h = Make({.check_accounting = false});
     // Two violations (tenant s's limit), from the release-during-step fault.
     for (RequestId id = 1; id <= 2; ++id) {
       EngineFaults f;
@@ -416,7 +437,7 @@ TEST(EngineIsolationTest, StrictTenantIsQuarantinedAtItsLimitEnforceTenantIsNot)
 }
 
 TEST(EngineIsolationTest, StrictTenantIsRefusedWhileTheAuditSinkCannotRecord) {
-  Harness h = Make(64);
+  Harness h = Make({});
   h.sink->set_failing(true);
   EXPECT_EQ(h.engine->Submit(Greedy("s", "x", 2)).status().code(), absl::StatusCode::kUnavailable);
   const RequestId enforce = *h.engine->Submit(Greedy("a", "x", 2));  // twin: enforce is served
@@ -427,7 +448,7 @@ TEST(EngineIsolationTest, StrictTenantIsRefusedWhileTheAuditSinkCannotRecord) {
 }
 
 TEST(EngineIsolationTest, UnknownTenantIsRefusedKnownTenantServed) {
-  Harness h = Make(16);
+  Harness h = Make({.pages = 16});
   EXPECT_EQ(h.engine->Submit(Greedy("nobody", "x", 2)).status().code(),
             absl::StatusCode::kNotFound);
   const RequestId id = *h.engine->Submit(Greedy("b", "x", 2));
@@ -440,39 +461,58 @@ TEST(EngineIsolationTest, UnknownTenantIsRefusedKnownTenantServed) {
 // Invariants: verification never raises a false alarm (no violation, no abort), the engine's
 // own accounting check holds after every step, and the pool is whole at the end. Runs under
 // ThreadSanitizer in `make test`.
+//
+// Preemption must happen on every run, whatever the threads' speed: before the clients start,
+// four long requests are lined up while the engine is paused and admitted together (greedy
+// admission); growing in lockstep they need more than the pool's 8 pages before any finishes.
 TEST(EngineIsolationTest, StressWithoutFaultsRaisesNoFalseAlarm) {
-  // 8 pages of 16 tokens, greedy admission: a few requests at once, then preemption.
-  Harness h = Make(8, Mode::kEnforce, true, /*greedy_admission=*/true);
+  Harness h = Make({.pages = 8, .greedy_admission = true, .paused = true});
+  Engine& engine = *h.engine;
+  std::vector<RequestId> lined_up;
+  for (int i = 0; i < 4; ++i) {
+    lined_up.push_back(
+        *engine.Submit(Greedy(i % 2 ? "s" : "a", kPrompts[i % kPrompts.size()], 80)));
+  }
+  engine.Allow(EngineWorker::kPrefill, kUnlimitedWork);
+  engine.WaitUntilSettled();
+  ASSERT_GE(engine.stats().running, 3) << "three requests of 80 tokens outgrow 8 pages";
+  engine.Allow(EngineWorker::kDecode, kUnlimitedWork);
+
   constexpr int kClients = 4, kPerClient = 12;
   std::vector<std::thread> clients;
   std::atomic<int> finished{0}, cancelled{0};
+  auto check = [&](const GenerationResult& res) {
+    EXPECT_NE(res.reason, FinishReason::kAborted)
+        << isolation::DescribeViolation(res.violation.value_or(isolation::Violation{}));
+    EXPECT_NE(res.reason, FinishReason::kError) << res.status;
+    (res.reason == FinishReason::kCancelled ? cancelled : finished).fetch_add(1);
+  };
   for (int c = 0; c < kClients; ++c) {
     clients.emplace_back([&, c] {
       std::mt19937 rng(static_cast<uint32_t>(c + 1));
       for (int i = 0; i < kPerClient; ++i) {
         const std::string tenant = (c + i) % 2 == 0 ? "a" : "s";
         GenerationRequest r = Greedy(tenant, kPrompts[(c + i) % kPrompts.size()], 20 + rng() % 60);
-        absl::StatusOr<RequestId> id = h.engine->Submit(std::move(r));
+        absl::StatusOr<RequestId> id = engine.Submit(std::move(r));
         ASSERT_TRUE(id.ok()) << id.status();
         if (rng() % 4 == 0) {
-          std::this_thread::sleep_for(std::chrono::microseconds(rng() % 2000));
-          h.engine->Cancel(*id);
+          // Cancel at a varying point of the request's life (queued, prefilling, decoding or
+          // already done); the verdicts below hold at every one of them.
+          for (uint32_t n = rng() % 4096; n > 0; --n) std::this_thread::yield();
+          engine.Cancel(*id);
         }
-        const GenerationResult res = *h.engine->Wait(*id);
-        EXPECT_NE(res.reason, FinishReason::kAborted)
-            << isolation::DescribeViolation(res.violation.value_or(isolation::Violation{}));
-        EXPECT_NE(res.reason, FinishReason::kError) << res.status;
-        (res.reason == FinishReason::kCancelled ? cancelled : finished).fetch_add(1);
+        check(*engine.Wait(*id));
       }
     });
   }
+  for (RequestId id : lined_up) check(*engine.Wait(id));
   for (std::thread& t : clients) t.join();
-  EXPECT_EQ(finished + cancelled, kClients * kPerClient);
+  EXPECT_EQ(finished + cancelled, kClients * kPerClient + static_cast<int>(lined_up.size()));
   EXPECT_TRUE(Violations(*h.sink).empty());
-  EXPECT_EQ(h.engine->guard().stats().violations, 0);
-  EXPECT_GT(h.engine->guard().stats().verifications, 0);
-  EXPECT_GT(h.engine->stats().preemptions, 0) << "the pool was meant to run dry";
-  ExpectPoolWhole(*h.engine);
+  EXPECT_EQ(engine.guard().stats().violations, 0);
+  EXPECT_GT(engine.guard().stats().verifications, 0);
+  EXPECT_GT(engine.stats().preemptions, 0);
+  ExpectPoolWhole(engine);
 }
 
 }  // namespace

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <chrono>
 #include <cmath>
 #include <string>
 #include <thread>
@@ -24,6 +23,13 @@ using kernels::WeightFormat;
 EngineOptions GreedyAdmission() {
   EngineOptions eo;
   eo.admission_ratio = eo.admission_ratio_min = eo.admission_ratio_decay = 0;
+  return eo;
+}
+
+// Paused starts the engine with both workers paused (EngineOptions::start_paused): the test
+// lines its requests up, then releases the workers (LetRun).
+EngineOptions Paused(EngineOptions eo = {}) {
+  eo.start_paused = true;
   return eo;
 }
 
@@ -47,6 +53,16 @@ GenerationRequest Greedy(const std::string& prompt, int max_tokens) {
   return r;
 }
 
+// LetRun releases a paused engine once its requests are lined up: the prefill worker first
+// admits every request that admission lets in before the first decode step (so which requests
+// share the first steps does not depend on how fast either thread runs), then both workers run
+// without limit.
+void LetRun(Engine& engine) {
+  engine.Allow(EngineWorker::kPrefill, kUnlimitedWork);
+  engine.WaitUntilSettled();
+  engine.Allow(EngineWorker::kDecode, kUnlimitedWork);
+}
+
 std::vector<int> RunAlone(const std::string& prompt, int max_tokens) {
   auto engine = MakeEngine(64);
   const RequestId id = *engine->Submit(Greedy(prompt, max_tokens));
@@ -59,16 +75,18 @@ const std::vector<std::string> kPrompts = {"Once upon a time", "The robot", "kvg
 TEST(EngineTest, BatchedGreedyEqualsEachAlone) {
   std::vector<std::vector<int>> alone;
   for (const auto& p : kPrompts) alone.push_back(RunAlone(p, 24));
-  auto engine = MakeEngine(64);
+  auto engine = MakeEngine(64, 64, Paused());
   std::vector<RequestId> ids;
   for (const auto& p : kPrompts) ids.push_back(*engine->Submit(Greedy(p, 24)));
+  LetRun(*engine);
   for (size_t i = 0; i < ids.size(); ++i) {
     const GenerationResult r = *engine->Wait(ids[i]);
     EXPECT_EQ(r.reason, FinishReason::kLength);
     EXPECT_EQ(r.tokens, alone[i]) << kPrompts[i];
     EXPECT_EQ(r.tokens.size(), 24u);
   }
-  EXPECT_GT(engine->stats().max_running, 1) << "requests never actually shared a step";
+  EXPECT_EQ(engine->stats().max_running, static_cast<int>(kPrompts.size()))
+      << "every request was admitted before the first step: all share every step";
   EXPECT_EQ(engine->stats().free_pages, engine->stats().total_pages);
 }
 
@@ -89,29 +107,36 @@ TEST(EngineTest, QuantisedBatchedGreedyEqualsEachAlone) {
   auto make = [&] {
     KvPoolOptions po;  // FP8 e4m3
     po.budget_bytes = model->config().KvBytesPerToken(1) * 16 * 64;
-    EngineOptions eo;
+    EngineOptions eo = Paused();
     eo.check_accounting = true;
     return *Engine::Create(model, Fp32Tiny().tokenizer, *KvPool::Create(model->config(), po), eo);
   };
   std::vector<std::vector<int>> alone;
   for (const auto& p : kPrompts) {
     auto e = make();
-    alone.push_back(e->Wait(*e->Submit(Greedy(p, 24)))->tokens);
+    const RequestId id = *e->Submit(Greedy(p, 24));
+    LetRun(*e);
+    alone.push_back(e->Wait(id)->tokens);
   }
   auto engine = make();
   std::vector<RequestId> ids;
   for (const auto& p : kPrompts) ids.push_back(*engine->Submit(Greedy(p, 24)));
+  LetRun(*engine);
   for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ(engine->Wait(ids[i])->tokens, alone[i]);
-  EXPECT_GT(engine->stats().max_running, 1);
+  EXPECT_EQ(engine->stats().max_running, static_cast<int>(kPrompts.size()));
 }
 
 TEST(EngineTest, PreemptionAndRecomputeGiveTheSameTokens) {
   std::vector<std::vector<int>> alone;
   for (const auto& p : kPrompts) alone.push_back(RunAlone(p, 60));
-  // 10 pages of 16 tokens cannot hold five sequences of up to ~90 tokens at once.
-  auto engine = MakeEngine(10, 64, GreedyAdmission());
+  // 10 pages of 16 tokens cannot hold five sequences of up to ~90 tokens at once. Greedy
+  // admission lets in, before the first decode step, every request whose prompt fits beside the
+  // reserve; those then grow in lockstep, one token per step, and need more pages than the pool
+  // has before any of them finishes, so the pool runs dry on every run.
+  auto engine = MakeEngine(10, 64, Paused(GreedyAdmission()));
   std::vector<RequestId> ids;
   for (const auto& p : kPrompts) ids.push_back(*engine->Submit(Greedy(p, 60)));
+  LetRun(*engine);
   int preempted = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
     const GenerationResult r = *engine->Wait(ids[i]);
@@ -123,36 +148,44 @@ TEST(EngineTest, PreemptionAndRecomputeGiveTheSameTokens) {
   EXPECT_EQ(engine->stats().free_pages, engine->stats().total_pages);
 }
 
-// The same workload as above under admission with full growth reservation (ratio 1): a request
-// is admitted only when the pool holds everything every admitted request may still grow into,
-// so nothing is ever preempted, and the tokens are the same. Its twin is the test above: greedy
-// admission of this workload does preempt.
+// The same workload under admission with full growth reservation (ratio 1): a request is
+// admitted only when the pool holds everything every admitted request may still grow into, so
+// nothing is ever preempted, and the tokens are the same. In a pool of kPages, reservation
+// lets some but not all five requests share the first steps; its twin, greedy admission lined
+// up the same way in the same pool, admits all five and preempts.
 TEST(EngineTest, GrowthReservationAvoidsPreemption) {
+  constexpr int kPages = 12;
   std::vector<std::vector<int>> alone;
   for (const auto& p : kPrompts) alone.push_back(RunAlone(p, 60));
-  EngineOptions eo;
-  eo.admission_ratio = eo.admission_ratio_min = 1.0;
-  // Whether two requests ever decode in one step is timing: the prefill worker must admit the
-  // second before the decode worker has run the first's 60 steps, and on a loaded machine the
-  // prefill thread can be descheduled for all of them (seen once in a full ctest run under
-  // load). So sharing must show in one of up to five runs; a reservation that serialised every
-  // request would never share. Everything else is deterministic and checked on every run.
-  int max_running = 0;
-  for (int attempt = 0; attempt < 5 && max_running <= 1; ++attempt) {
-    auto engine = MakeEngine(10, 64, eo);
+  for (const bool reserve : {true, false}) {
+    SCOPED_TRACE(reserve ? "growth reservation" : "greedy admission (twin)");
+    EngineOptions eo = Paused(reserve ? EngineOptions{} : GreedyAdmission());
+    if (reserve) eo.admission_ratio = eo.admission_ratio_min = 1.0;
+    auto engine = MakeEngine(kPages, 64, eo);
     std::vector<RequestId> ids;
     for (const auto& p : kPrompts) ids.push_back(*engine->Submit(Greedy(p, 60)));
+    // What admission lets in before the first decode step.
+    engine->Allow(EngineWorker::kPrefill, kUnlimitedWork);
+    engine->WaitUntilSettled();
+    const EngineStats lined_up = engine->stats();
+    engine->Allow(EngineWorker::kDecode, kUnlimitedWork);
     for (size_t i = 0; i < ids.size(); ++i) {
       const GenerationResult r = *engine->Wait(ids[i]);
       EXPECT_EQ(r.reason, FinishReason::kLength);
       EXPECT_EQ(r.tokens, alone[i]) << kPrompts[i];
     }
     const EngineStats stats = engine->stats();
-    EXPECT_EQ(stats.preemptions, 0);
     EXPECT_EQ(stats.free_pages, stats.total_pages);
-    max_running = stats.max_running;
+    if (reserve) {
+      // More than one (a reservation that serialised every request would fail here).
+      EXPECT_GT(lined_up.running, 1) << "reservation must still let requests share steps";
+      EXPECT_LT(lined_up.running, static_cast<int>(kPrompts.size()));
+      EXPECT_EQ(stats.preemptions, 0);
+    } else {
+      EXPECT_EQ(lined_up.running, static_cast<int>(kPrompts.size()));
+      EXPECT_GT(stats.preemptions, 0);
+    }
   }
-  EXPECT_GT(max_running, 1) << "reservation must still let requests share steps";
 }
 
 // A preemption raises the admission ratio to 1 (the raise then decays per step, here not at
@@ -160,12 +193,13 @@ TEST(EngineTest, GrowthReservationAvoidsPreemption) {
 // pull towards 1 by 1/16 of the gap per finish. A lone request whose growth exceeds the whole
 // pool is still admitted: reservation applies only while others are in flight.
 TEST(EngineTest, PreemptionMakesAdmissionConservative) {
-  EngineOptions eo;
+  EngineOptions eo = Paused();
   eo.admission_ratio = eo.admission_ratio_min = 0.01;  // nearly greedy: the pool runs dry
   eo.admission_ratio_decay = 0;
   auto engine = MakeEngine(10, 64, eo);
   std::vector<RequestId> ids;
   for (const auto& p : kPrompts) ids.push_back(*engine->Submit(Greedy(p, 60)));
+  LetRun(*engine);  // as in PreemptionAndRecomputeGiveTheSameTokens: dry on every run
   for (RequestId id : ids) EXPECT_EQ(engine->Wait(id)->reason, FinishReason::kLength);
   EXPECT_GT(engine->stats().preemptions, 0);
   EXPECT_EQ(engine->stats().admission_ratio, 1.0);
@@ -174,6 +208,7 @@ TEST(EngineTest, PreemptionMakesAdmissionConservative) {
   auto roomy = MakeEngine(64, 64, eo);
   ids.clear();
   for (const auto& p : kPrompts) ids.push_back(*roomy->Submit(Greedy(p, 60)));
+  LetRun(*roomy);
   for (RequestId id : ids) EXPECT_EQ(roomy->Wait(id)->reason, FinishReason::kLength);
   EXPECT_EQ(roomy->stats().preemptions, 0);
   const double expected = 1.0 - 0.99 * std::pow(15.0 / 16.0, 5);
@@ -273,27 +308,36 @@ TEST(EngineTest, StopSequenceEndsTheRequestAndIsNotReturned) {
 }
 
 TEST(EngineTest, CancelAtAnyMomentReleasesEverything) {
-  auto engine = MakeEngine(64, /*max_batch=*/4);
+  // Greedy admission: growth reservation would admit only two of these 480-token requests.
+  auto engine = MakeEngine(64, /*max_batch=*/4, Paused(GreedyAdmission()));
   // Six long requests, four running at most: cancel one while it is still queued, then the
-  // rest as soon as the first has produced text (mid-decode; some still queued).
-  std::atomic<int> chunks{0};
+  // rest after three decode steps, while four are mid-decode and one is still queued.
   std::vector<RequestId> ids;
-  for (int i = 0; i < 6; ++i) {
-    GenerationRequest r = Greedy("cancel me " + std::to_string(i), 480);
-    if (i == 0) r.on_text = [&](std::string_view) { chunks.fetch_add(1); };
-    ids.push_back(*engine->Submit(std::move(r)));
-  }
+  for (int i = 0; i < 6; ++i)
+    ids.push_back(*engine->Submit(Greedy("cancel me " + std::to_string(i), 480)));
   engine->Cancel(ids[5]);
-  while (chunks.load() == 0) std::this_thread::yield();
-  for (int i = 0; i < 5; ++i) engine->Cancel(ids[i]);
-  for (RequestId id : ids) {
-    const GenerationResult r = *engine->Wait(id);
+  engine->Allow(EngineWorker::kPrefill, kUnlimitedWork);
+  engine->WaitUntilSettled();  // four admitted before the first step: each gets all three
+  engine->Allow(EngineWorker::kDecode, 3);
+  engine->WaitUntilSettled();
+  EngineStats mid = engine->stats();
+  EXPECT_EQ(mid.running, 4);
+  EXPECT_EQ(mid.queued, 1);
+  EXPECT_EQ(mid.decode_steps, 3);
+  // Still paused: cancelled requests leave without another step.
+  // The queued one first: then the running ones' cancels must wake the paused worker themselves.
+  for (int i : {4, 0, 1, 2, 3}) engine->Cancel(ids[i]);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const GenerationResult r = *engine->Wait(ids[i]);
     EXPECT_EQ(r.reason, FinishReason::kCancelled);
-    EXPECT_LT(r.tokens.size(), 480u);
+    // Running ones: the prefill token and three decode steps; queued ones: nothing.
+    EXPECT_EQ(r.tokens.size(), i < 4 ? 4u : 0u) << i;
   }
+  EXPECT_EQ(engine->stats().decode_steps, 3);
   EXPECT_EQ(engine->stats().free_pages, engine->stats().total_pages);
   engine->Cancel(12345);  // unknown ids are ignored
   // Positive twin: an uncancelled request in the same engine completes.
+  engine->Allow(EngineWorker::kDecode, kUnlimitedWork);
   EXPECT_EQ(engine->Wait(*engine->Submit(Greedy("done", 5)))->reason, FinishReason::kLength);
 }
 

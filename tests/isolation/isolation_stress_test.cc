@@ -43,7 +43,6 @@ constexpr int kThreads = 4;
 constexpr int kPages = 48;  // fewer than the sessions may hold together: grants contend
 constexpr int kOpsPerThread = 5000;
 constexpr size_t kMaxPagesPerSession = 8;
-constexpr auto kTimeBudget = std::chrono::seconds(8);  // stop early rather than time out
 constexpr uint32_t kSeed = 0x15c0a7;
 
 std::string Kind(const std::optional<Violation>& v) {
@@ -279,12 +278,11 @@ class IsolationStressTest : public ::testing::Test {
     s.released_copies.clear();
   }
 
-  void Worker(int thread, std::chrono::steady_clock::time_point deadline) {
+  void Worker(int thread) {
     std::mt19937 rng(kSeed + static_cast<uint32_t>(thread));
     Session sessions[2] = {NewSession(1), NewSession(2)};
     int op = 0;
     for (; op < kOpsPerThread && failures_.count() < 20; ++op) {
-      if ((op & 63) == 0 && std::chrono::steady_clock::now() > deadline) break;
       const int slot = static_cast<int>(rng() % 2);
       Session& s = sessions[slot];
       const uint32_t dice = rng() % 100;
@@ -359,7 +357,7 @@ TEST_F(IsolationStressTest, RandomSessionsKeepEveryInvariant) {
   std::thread checker([this] { Checker(); });
   std::vector<std::thread> workers;
   for (int t = 0; t < kThreads; ++t) {
-    workers.emplace_back([this, t, start] { Worker(t, start + kTimeBudget); });
+    workers.emplace_back([this, t] { Worker(t); });
   }
   for (std::thread& w : workers) w.join();
   stop_.store(true);
@@ -371,7 +369,9 @@ TEST_F(IsolationStressTest, RandomSessionsKeepEveryInvariant) {
               static_cast<long long>(scrubs_.load()), seconds);
 
   EXPECT_EQ(failures_.count(), 0);
-  EXPECT_GE(ops_.load(), kThreads * 500) << "too few operations ran to mean anything";
+  // Every worker runs all its operations (a fixed count, not a time budget: the verdict must
+  // not depend on how fast the threads run) unless failures cut it short.
+  EXPECT_EQ(ops_.load(), kThreads * kOpsPerThread);
   EXPECT_TRUE(table_->CheckAccounting().ok()) << table_->CheckAccounting();
   EXPECT_EQ(table_->free_pages(), kPages);
   EXPECT_EQ(table_->limbo_pages(), 0);

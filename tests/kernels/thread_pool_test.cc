@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -43,15 +42,20 @@ TEST(ThreadPoolTest, WorkIsSharedWithWorkers) {
   std::atomic<int> chunks{0};
   pool.ParallelFor(1000, 1, [&](int64_t, int64_t) { chunks.fetch_add(1); });
   EXPECT_EQ(chunks.load(), 2 * ThreadPool::kChunksPerThread);
-  std::atomic<int> on_worker{0};
+  // A chunk the caller claims holds it until a worker has run a chunk, so the remaining chunks
+  // are left for the worker, however late it wakes. A pool that never hands work to its worker
+  // hangs here (and fails at ctest's timeout).
+  std::atomic<bool> on_worker{false};
   const std::thread::id caller = std::this_thread::get_id();
-  for (int round = 0; round < 200 && on_worker.load() == 0; ++round) {
-    pool.ParallelFor(64, 1, [&](int64_t, int64_t) {
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-      if (std::this_thread::get_id() != caller) on_worker.fetch_add(1);
-    });
-  }
-  EXPECT_GT(on_worker.load(), 0) << "the worker never ran a chunk";
+  pool.ParallelFor(64, 1, [&](int64_t, int64_t) {
+    if (std::this_thread::get_id() != caller) {
+      on_worker.store(true);
+      on_worker.notify_all();
+    } else {
+      on_worker.wait(false);
+    }
+  });
+  EXPECT_TRUE(on_worker.load()) << "the worker never ran a chunk";
   // Positive twin: a range no larger than the grain runs as one chunk on the caller.
   chunks = 0;
   pool.ParallelFor(10, 16, [&](int64_t b, int64_t e) {

@@ -95,6 +95,19 @@ class Server:
         headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
         return httpx.request(method, self.admin + path, headers=headers, timeout=30, **kw)
 
+    def pace(self, **units):
+        """Paces the engine's workers (kvguard-testserver only: POST /admin/test/pace), e.g.
+        pace(decode=0) to hold every request after its prefill, pace(decode=None) to let go."""
+        r = self.admin_call("POST", "/admin/test/pace", json=units)
+        assert r.status_code == 200, r.text
+
+    def wait_running(self, n, timeout=60):
+        """Waits until n requests are in the engine's decode batch (admitted and prefilled)."""
+        deadline = time.time() + timeout
+        while (running := self.metrics()["kvguard_requests_running"]) != n:
+            assert time.time() < deadline, f"{running} requests running, waited for {n}"
+            time.sleep(0.01)
+
     def metrics(self):
         text = httpx.get(self.admin + "/metrics", timeout=10).text
         out = {}

@@ -8,6 +8,7 @@ import concurrent.futures
 import pathlib
 import time
 
+import httpx
 import openai
 import pytest
 
@@ -76,3 +77,22 @@ def test_violation_aborts_exactly_one_request(testserver, stream):
     m = s.wait_idle()
     assert sum(v for k, v in m.items() if k.startswith("kvguard_violations_total{")) >= 1
     assert s.alive()
+
+
+def test_pace_takes_counts_or_null_and_refuses_anything_else(testserver):
+    s = testserver
+    for body in ([], {}, {"decode": -1}, {"decode": 1.5}, {"decode": "0"}, {"decode": True},
+                 {"prefill": 0, "other": 1}, {"decode": 2 ** 63}):
+        r = s.admin_call("POST", "/admin/test/pace", json=body)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_value", (body, r.text)
+    r = httpx.post(s.admin + "/admin/test/pace", json={"decode": None}, timeout=10)
+    assert r.status_code == 401, r.text  # admin key required
+    # Positive twin: a held request is let go and completes; nothing above changed the pacing.
+    s.pace(decode=0)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        held = pool.submit(run, s, "acme", "held", False)
+        s.wait_running(1)
+        assert not held.done()
+        s.pace(prefill=None, decode=None)
+        assert held.result()[1:3] == ("ok", "length")
+    s.wait_idle()

@@ -7,62 +7,74 @@ import threading
 import openai
 import pytest
 
-from conftest import MODEL, Server
+from conftest import MODEL, TESTSERVER, Server
 
 
 @pytest.fixture(scope="module")
 def limited(tmp_path_factory):
-    # Page size 16: "x" + BOS = 2 prompt tokens; max_tokens 46 -> 3 pages; 62 -> 4 pages.
-    s = Server(tmp_path_factory.mktemp("limits"), model="small",
+    # Page size 16: "x" + BOS = 2 prompt tokens; max_tokens 46 -> 3 pages; 62 -> 4 pages. The
+    # test server paces decoding, so requests stay in flight exactly as long as a test needs.
+    s = Server(tmp_path_factory.mktemp("limits"), binary=TESTSERVER,
                limits={"concurrent_requests": 2, "tokens_per_request": 100, "kv_page_quota": 6})
     yield s
     assert s.stop() == 0
 
 
-def hold(server, tenant, max_tokens, started, done):
-    """A streaming request that stays in flight until its generation ends."""
+def complete(server, tenant, max_tokens, results):
+    """A completion, run in a thread; its usage (or the error) lands in results."""
     try:
-        for _ in server.client(tenant).completions.create(
-                model="small", prompt="x", max_tokens=max_tokens, stream=True,
-                extra_body={"ignore_eos": True}):
-            started.set()
-    finally:
-        started.set()
-        done.set()
+        results.append(server.client(tenant).completions.create(
+            model=MODEL, prompt="x", max_tokens=max_tokens, extra_body={"ignore_eos": True}).usage)
+    except openai.APIError as e:
+        results.append(e)
+
+
+def held(server, requests):
+    """Starts (tenant, max_tokens) requests with decoding paused and waits until all of them
+    are in the decode batch: in flight, holding their pages, until the test resumes decoding."""
+    results = []
+    server.pace(decode=0)
+    threads = [threading.Thread(target=complete, args=(server, t, n, results)) for t, n in requests]
+    for t in threads:
+        t.start()
+    server.wait_running(len(requests))
+    return threads, results
+
+
+def let_go(server, threads, results, n):
+    server.pace(decode=None)
+    for t in threads:
+        t.join(60)
+    assert len(results) == n and all(not isinstance(r, Exception) for r in results), results
 
 
 def test_kv_page_quota(limited):
     c = limited.client("acme")
     with pytest.raises(openai.BadRequestError) as e:  # 7 pages > quota 6, whatever else runs
-        c.completions.create(model="small", prompt="x", max_tokens=100)
+        c.completions.create(model=MODEL, prompt="x", max_tokens=100)
     assert e.value.body["code"] == "kv_page_quota_exceeded"
-    started, done = threading.Event(), threading.Event()
-    t = threading.Thread(target=hold, args=(limited, "acme", 62, started, done))  # 4 pages
-    t.start()
-    assert started.wait(60)
+    threads, results = held(limited, [("acme", 62)])  # 4 pages
     with pytest.raises(openai.RateLimitError) as e:  # 4 held + 3 > 6
-        c.completions.create(model="small", prompt="x", max_tokens=46)
+        c.completions.create(model=MODEL, prompt="x", max_tokens=46)
     assert e.value.body["code"] == "kv_page_quota_exceeded"
-    # Another tenant's quota is its own.
-    assert limited.client("beta").completions.create(model="small", prompt="x", max_tokens=46)
-    t.join(60)
+    # Another tenant's quota is its own: admitted beside acme's held request.
+    threads.append(threading.Thread(target=complete, args=(limited, "beta", 46, results)))
+    threads[-1].start()
+    limited.wait_running(2)
+    let_go(limited, threads, results, 2)
     # Released: the same request now fits (its positive twin).
-    assert c.completions.create(model="small", prompt="x", max_tokens=46).usage
+    assert c.completions.create(model=MODEL, prompt="x", max_tokens=46).usage
     limited.wait_idle()
 
 
 def test_concurrent_requests(limited):
-    events = [(threading.Event(), threading.Event()) for _ in range(2)]
-    threads = [threading.Thread(target=hold, args=(limited, "gamma", 40, s, d))
-               for s, d in events]
-    for t in threads:
-        t.start()
-    for s, _ in events:
-        assert s.wait(60)
+    threads, results = held(limited, [("gamma", 40), ("gamma", 40)])
     with pytest.raises(openai.RateLimitError) as e:
-        limited.client("gamma").completions.create(model="small", prompt="x", max_tokens=2)
+        limited.client("gamma").completions.create(model=MODEL, prompt="x", max_tokens=2)
     assert e.value.body["code"] == "concurrency_limit_exceeded"
-    assert limited.client("delta").completions.create(model="small", prompt="x", max_tokens=2)
-    for t in threads:
-        t.join(60)
-    assert limited.client("gamma").completions.create(model="small", prompt="x", max_tokens=2)
+    # Another tenant is served meanwhile.
+    threads.append(threading.Thread(target=complete, args=(limited, "delta", 2, results)))
+    threads[-1].start()
+    limited.wait_running(3)
+    let_go(limited, threads, results, 3)
+    assert limited.client("gamma").completions.create(model=MODEL, prompt="x", max_tokens=2)

@@ -10,11 +10,11 @@ import time
 import httpx
 import openai
 
-from conftest import KVGUARD, TENANTS, Server
+from conftest import KVGUARD, TENANTS, TESTSERVER, Server
 
 
 class Stream(threading.Thread):
-    """One streaming completion on the `small` model (slow enough to be caught mid-way)."""
+    """One streaming completion, held mid-way by the test's pacing of the engine (hold)."""
 
     def __init__(self, server, tenant, max_tokens):
         super().__init__(daemon=True)
@@ -26,7 +26,7 @@ class Stream(threading.Thread):
     def run(self):
         try:
             for ch in self.server.client(self.tenant).completions.create(
-                    model="small", prompt="A long story", max_tokens=self.max_tokens,
+                    model=self.server.model, prompt="A long story", max_tokens=self.max_tokens,
                     stream=True, extra_body={"ignore_eos": True}):
                 self.chunks += 1
                 self.started.set()
@@ -36,6 +36,32 @@ class Stream(threading.Thread):
             self.error = e
         finally:
             self.started.set()
+
+
+def wait_for(predicate, what, timeout=60):
+    """Polls an observable state of the server until it holds (the timeout only bounds a
+    failing run)."""
+    deadline = time.time() + timeout
+    while not predicate():
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def hold(server, streams):
+    """Starts the streams and holds them mid-way, whatever the machine's speed: with decoding
+    paused they are all admitted, then 20 decode steps give each of them its first chunks (of
+    far more tokens than 20), then decoding stays paused until the test resumes it."""
+    server.pace(decode=0)
+    for st in streams:
+        st.start()
+    server.wait_running(len(streams))
+    server.pace(decode=20)
+    for st in streams:
+        assert st.started.wait(60)
+
+
+def draining(server):
+    return httpx.get(server.base + "/readyz", timeout=10).status_code == 503
 
 
 def verify_audit_log(server):
@@ -49,27 +75,18 @@ def verify_audit_log(server):
 
 
 def test_sigterm_lets_in_flight_requests_finish(tmp_path):
-    # The streams must still be running when the probe below arrives. FP32 decode weights (8x
-    # the bytes of INT4) keep `small` at tens of tokens/s per stream instead of hundreds: with
-    # INT4, 120 tokens (the first choice) came to finish inside the 0.2 s wait once the decode
-    # kernels got faster, and the probe then found the server gone. The deadline leaves room
-    # for the much slower sanitizer builds.
-    s = Server(tmp_path, model="small",
-               extra=["--shutdown-deadline-ms", "600000", "--decode-weights", "fp32"])
+    s = Server(tmp_path, binary=TESTSERVER, extra=["--shutdown-deadline-ms", "600000"])
     streams = [Stream(s, t, 200) for t in ("acme", "beta")]
-    for st in streams:
-        st.start()
-    for st in streams:
-        assert st.started.wait(60)
+    hold(s, streams)
     s.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.2)
-    # Precondition, so that a run that cannot observe draining fails with its reason.
+    wait_for(lambda: draining(s), "the server to start draining")
+    # Held, the streams are still running; a new request is refused (503) meanwhile.
     assert all(st.is_alive() for st in streams), [(st.chunks, st.finish_reason, st.error)
                                                   for st in streams]
-    # Draining: a new request is refused (503) while the others finish.
-    r = httpx.post(s.base + "/v1/completions", timeout=10, json={"model": "small", "prompt": "x"},
+    r = httpx.post(s.base + "/v1/completions", timeout=10, json={"model": s.model, "prompt": "x"},
                    headers={"Authorization": f"Bearer {TENANTS['gamma']['key']}"})
     assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down"
+    s.pace(decode=None)  # the admin API stays up while the server drains
     for st in streams:
         st.join(600)
         assert st.error is None, st.error
@@ -81,11 +98,9 @@ def test_sigterm_lets_in_flight_requests_finish(tmp_path):
 
 
 def test_sigterm_cancels_at_the_deadline(tmp_path):
-    s = Server(tmp_path, model="small",
-               extra=["--shutdown-deadline-ms", "300", "--decode-weights", "fp32"])
-    st = Stream(s, "acme", 400)  # seconds of FP32 decoding: still running at the deadline
-    st.start()
-    assert st.started.wait(60)
+    s = Server(tmp_path, binary=TESTSERVER, extra=["--shutdown-deadline-ms", "300"])
+    st = Stream(s, "acme", 400)
+    hold(s, [st])  # still held at the deadline: the server must cancel it
     start = time.time()
     s.proc.send_signal(signal.SIGTERM)
     st.join(60)
