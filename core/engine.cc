@@ -31,6 +31,16 @@ void ParkUntil(std::unique_lock<std::mutex>& lock, std::condition_variable& cv, 
   *parked = false;
 }
 
+SchedulerOptions SchedulerOptionsOf(const EngineOptions& o) {
+  SchedulerOptions s;
+  s.max_batch = o.max_batch;
+  s.reserve_pages = o.reserve_pages;
+  s.admission_ratio = o.admission_ratio;
+  s.admission_ratio_min = o.admission_ratio_min;
+  s.admission_ratio_decay = o.admission_ratio_decay;
+  return s;
+}
+
 }  // namespace
 
 std::string FinishReasonName(FinishReason reason) {
@@ -78,7 +88,6 @@ struct Engine::Request {
   State state = State::kWaiting;
   bool cancelled = false;
   bool admitted_once = false;
-  bool verify = false;       // this step: the tenant's mode is not off
   bool ever_strict = false;  // its tenant was strict at some point while it held pages
   Clock::time_point submitted = Clock::now();
   Clock::time_point last_token;
@@ -102,13 +111,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Model> mo
     return absl::InvalidArgumentError(
         absl::StrCat("max_batch ", options.max_batch, " must be in [1, ", kMaxDecodeBatch, "]"));
   }
-  if (options.reserve_pages < 0) return absl::InvalidArgumentError("reserve_pages < 0");
-  if (!(options.admission_ratio >= 0 && options.admission_ratio <= 1) ||
-      !(options.admission_ratio_min >= 0 && options.admission_ratio_min <= 1) ||
-      !(options.admission_ratio_decay >= 0 && options.admission_ratio_decay <= 1)) {
-    return absl::InvalidArgumentError(
-        "admission ratio, its minimum and its decay must each be in [0, 1]");
-  }
+  if (absl::Status st = SchedulerOptionsOf(options).Validate(); !st.ok()) return st;
   if (pool->dtype() == kernels::KvDtype::kFp8E4m3 && !pool->has_fp8_scales()) {
     if (model->fp8_k_scales().empty()) {
       return absl::FailedPreconditionError(
@@ -133,11 +136,12 @@ Engine::Engine(std::shared_ptr<Model> model, std::shared_ptr<const Tokenizer> to
       tokenizer_(std::move(tokenizer)),
       pool_(std::move(pool)),
       guard_(std::move(guard)),
+      step_guard_(guard_.get()),
       options_(options),
       prefill_pool_(options.prefill_threads),
-      decode_pool_(options.decode_threads) {
+      decode_pool_(options.decode_threads),
+      scheduler_(SchedulerOptionsOf(options)) {
   stats_.total_pages = pool_->num_pages();
-  admission_usage_ = options_.admission_ratio;
   if (options_.start_paused) prefill_allowance_ = decode_allowance_ = 0;
   prefill_thread_ = std::thread([this] { PrefillLoop(); });
   decode_thread_ = std::thread([this] { DecodeLoop(); });
@@ -261,22 +265,30 @@ void Engine::WaitUntilSettled() {
 
 bool Engine::PrefillCanStartLocked() const {
   if (stopping_) return true;
-  if (prefill_allowance_ == 0 || waiting_.empty()) return false;
-  // Admit the oldest waiting request once the pool holds its pages plus the reserve and the
-  // decode batch has room for it.
-  const int in_flight = prefilling_ + static_cast<int>(running_.size() + handed_over_.size());
-  if (in_flight >= options_.max_batch) return false;
-  const int P = pool_->page_size();
-  const Request* next = waiting_.front();
-  int64_t need = (next->PrefillLength() + P - 1) / P + options_.reserve_pages;
-  const double ratio = AdmissionRatioLocked();
-  if (in_flight > 0 && ratio > 0) {  // see EngineOptions::admission_ratio
-    int64_t growth = GrowthPagesLocked(next);
-    for (const Request* r : running_) growth += GrowthPagesLocked(r);
-    for (const Request* r : handed_over_) growth += GrowthPagesLocked(r);
-    need += static_cast<int64_t>(std::ceil(ratio * static_cast<double>(growth)));
+  return prefill_allowance_ != 0 && NextAdmissionLocked().has_value();
+}
+
+std::optional<size_t> Engine::NextAdmissionLocked() const {
+  if (waiting_.empty()) return std::nullopt;
+  std::vector<SchedRequest> waiting, in_flight;
+  waiting.reserve(waiting_.size());
+  for (const Request* r : waiting_) waiting.push_back(DescribeLocked(r));
+  for (const auto* list : {&prefilling_, &handed_over_, &running_}) {
+    for (const Request* r : *list) in_flight.push_back(DescribeLocked(r));
   }
-  return pool_->table().free_pages() >= need;
+  return scheduler_.Admit(waiting, in_flight, pool_->table().free_pages());
+}
+
+SchedRequest Engine::DescribeLocked(const Request* r) const {
+  SchedRequest s;
+  s.id = r->id;
+  s.tenant = r->owner.tenant;
+  s.preempted = r->state == Request::State::kWaiting && r->result.preemptions > 0;
+  s.held_pages = r->pages.num_pages();
+  s.prefill_pages = r->pages.PagesFor(r->PrefillLength());
+  s.most_pages =
+      r->pages.PagesFor(std::min(r->prompt_len + r->req.max_tokens, model_->config().max_context));
+  return s;
 }
 
 bool Engine::DecodeCanStartLocked() const {
@@ -292,25 +304,12 @@ EngineStats Engine::stats() const {
   std::unique_lock<std::mutex> lock(mu_);
   EngineStats s = stats_;
   s.queued = static_cast<int>(waiting_.size());
-  s.prefilling = prefilling_;
+  s.prefilling = static_cast<int>(prefilling_.size());
   s.running = static_cast<int>(running_.size() + handed_over_.size());
   s.free_pages = pool_->table().free_pages();
-  s.admission_ratio = AdmissionRatioLocked();
-  s.admission_usage = admission_usage_;
+  s.admission_ratio = scheduler_.ratio();
+  s.admission_usage = scheduler_.usage();
   return s;
-}
-
-double Engine::AdmissionRatioLocked() const {
-  if (options_.admission_ratio == 0) return 0;  // greedy
-  return std::clamp(std::max(admission_usage_, admission_raise_), options_.admission_ratio_min,
-                    1.0);
-}
-
-int Engine::GrowthPagesLocked(const Request* r) const {
-  const int most = std::min(r->prompt_len + r->req.max_tokens, model_->config().max_context);
-  const int holds = r->state == Request::State::kWaiting ? r->pages.PagesFor(r->PrefillLength())
-                                                         : r->pages.num_pages();
-  return std::max(0, r->pages.PagesFor(most) - holds);
 }
 
 bool Engine::ScrubOnReleaseLocked(Request* r) {
@@ -334,22 +333,7 @@ void Engine::ReleasePagesLocked(Request* r) {
   }
 }
 
-isolation::Violation Engine::KernelTagViolation(const Request* r, int32_t page_index) const {
-  // The table's view of the page fills in its current owner and generation.
-  const PageGrant& g = r->pages.grants()[static_cast<size_t>(page_index)];
-  isolation::Violation v = pool_->table()
-                               .Verify(r->owner, std::span<const PageGrant>(&g, 1))
-                               .value_or(isolation::Violation{});
-  v.kind = isolation::ViolationKind::kKernelTagMismatch;
-  v.requester = r->owner;
-  v.page_index = page_index;
-  v.page = g.page;
-  v.expected_generation = g.generation;
-  return v;
-}
-
 void Engine::AbortLocked(Request* r, const isolation::Violation& v) {
-  guard_->Report(v, r->id);  // the full description goes to the audit sink only
   // What the client may learn: the kind and its own page, never who owns the page now or
   // how often it has changed hands (that would leak other tenants' activity).
   isolation::Violation own;
@@ -390,8 +374,7 @@ void Engine::FinishLocked(Request* r, FinishReason reason, absl::Status status) 
     // How much of what it could have generated this request used (admission's estimate).
     const int could =
         std::min(r->prompt_len + r->req.max_tokens, model_->config().max_context) - r->prompt_len;
-    const double used = std::min(1.0, static_cast<double>(r->generated) / std::max(1, could));
-    admission_usage_ += (used - admission_usage_) / 16.0;
+    scheduler_.Finished(r->generated, could);
   }
   r->result.reason = reason;
   r->result.status = std::move(status);
@@ -448,15 +431,16 @@ void Engine::PrefillLoop() {
   for (;;) {
     Request* r = nullptr;
     int n = 0;
-    isolation::Mode mode = isolation::Mode::kEnforce;
     {
       std::unique_lock<std::mutex> lock(mu_);
       ParkUntil(lock, cv_, &prefill_parked_,
                 [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return PrefillCanStartLocked(); });
       if (stopping_) return;
       if (prefill_allowance_ > 0) --prefill_allowance_;
-      r = waiting_.front();
-      waiting_.pop_front();
+      const size_t next = *NextAdmissionLocked();  // PrefillCanStartLocked said there is one
+      r = waiting_[next];
+      waiting_.erase(waiting_.begin() + static_cast<ptrdiff_t>(next));
+      scheduler_.Admitted(r->owner.tenant);
       n = r->PrefillLength();
       if (r->pages.PagesFor(n) + options_.reserve_pages > pool_->num_pages()) {
         FinishLocked(r, FinishReason::kError,
@@ -468,51 +452,48 @@ void Engine::PrefillLoop() {
         FinishLocked(r, FinishReason::kError, granted);
         continue;
       }
-      mode = guard_->mode(r->owner.tenant);
-      r->ever_strict = r->ever_strict || mode == isolation::Mode::kStrict;
       r->state = Request::State::kPrefilling;
-      ++prefilling_;
+      prefilling_.push_back(r);
       if (!r->admitted_once) {
         r->admitted_once = true;
         r->result.queue_seconds = Seconds(r->submitted, Clock::now());
       }
     }
     // The model runs without the engine lock: only this thread touches r's pages meanwhile.
-    // The step pins an epoch and verifies the fresh page table before writing into it.
-    isolation::OwnershipTable::StepPin pin = pool_->table().PinStep();
-    std::optional<isolation::Violation> violation =
-        guard_->Verify(r->owner, r->pages.grants(), mode);
+    // The step (isolation/step_guard.h) pins an epoch and verifies the fresh page table before
+    // prefill writes into it; prefill checks each page's tag before every layer's writes,
+    // whatever the mode, as the decode kernels do; Finish re-verifies before the first token
+    // leaves.
+    const isolation::StepSession session{r->owner, r->pages.grants(), r->id};
+    isolation::StepGuard::Step step = step_guard_.Begin(std::span(&session, 1));
     absl::Status status;
-    int32_t tag_fault = -1;
 #if KVGUARD_FAULT_INJECTION
     {
       std::unique_lock<std::mutex> lock(mu_);
-      if (faults_.release_during_prefill == r->id && !violation) {
+      if (faults_.release_during_prefill == r->id && step.in(0)) {
         // The bug: a racing path releases a page the prefill is about to write into.
         pool_->table().Release(r->owner, r->pages.grants().front(), false);
       }
     }
 #endif
-    if (!violation) {
-      // The write-page tag check runs whatever the mode, as the decode kernels' does.
+    if (step.in(0)) {
+      int32_t tag_fault = -1;
       status = model_->Prefill(std::span<const int>(r->tokens.data(), size_t(n)), r->pages.grants(),
-                               *pool_, logits.data(), &prefill_pool_, &tag_fault);
-      if (tag_fault >= 0) violation = KernelTagViolation(r, tag_fault);
+                               *pool_, logits.data(), &prefill_pool_,
+                               step.check_tags(0) ? &tag_fault : nullptr);
+      if (tag_fault >= 0) step.KernelFault(0, tag_fault);
     }
-    // Re-verify before the first token leaves (see DecodeLoop), then unpin: the kernels are
-    // done, and pages released from here on need not wait for this step.
-    if (!violation && mode != isolation::Mode::kOff) {
-      violation = pool_->table().Verify(r->owner, r->pages.grants());
-    }
-    pin = {};
     std::unique_lock<std::mutex> lock(mu_);
+    step.Finish();
+    // Scrub on release if the tenant was strict when this step wrote into the pages.
+    r->ever_strict = r->ever_strict || step.mode(0) == isolation::Mode::kStrict;
     cv_.notify_all();  // unpinning may have freed pages others wait for
-    --prefilling_;
+    prefilling_.clear();
 #if KVGUARD_FAULT_INJECTION
     if (faults_.cancel_in_prefill == r->id) r->cancelled = true;
 #endif
-    if (violation) {
-      AbortLocked(r, *violation);
+    if (!step.accepted(0)) {
+      AbortLocked(r, *step.violation(0));
       continue;
     }
     // The handover consumes the cancel flag: a request cancelled during prefill releases its
@@ -546,12 +527,23 @@ void Engine::DecodeLoop() {
   std::vector<float> logits(static_cast<size_t>(kMaxDecodeBatch) * c.vocab_size);
   std::vector<Model::DecodeItem> items;
   std::vector<Request*> batch;
-  std::vector<int32_t> tag_faults;
-  std::vector<std::optional<isolation::Violation>> post_violations;
-  isolation::OwnershipTable::StepPin pin;
-  int64_t verify_ns = 0, verified = 0, pages_checked = 0;
+  std::vector<int32_t> tag_faults;               // per item
+  std::vector<isolation::StepSession> sessions;  // per batch entry
+  std::vector<size_t> in_step;                   // item j is batch entry in_step[j]
   Clock::time_point step_start;
+#if KVGUARD_FAULT_INJECTION
+  // EngineFaults: request `id`, if it is in this step, loses its first page. Requires mu_.
+  auto release_first_page_of = [&](uint64_t id) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    for (size_t b : in_step) {
+      const Request* r = batch[b];
+      if (r->id == id && r->pages.num_pages() > 0) {
+        pool_->table().Release(r->owner, r->pages.grants().front(), false);
+      }
+    }
+  };
+#endif
   for (;;) {
+    std::optional<isolation::StepGuard::Step> step;  // from verification to acceptance
     {
       std::unique_lock<std::mutex> lock(mu_);
       ParkUntil(lock, cv_, &decode_parked_,
@@ -596,111 +588,92 @@ void Engine::DecodeLoop() {
           if (stopping_) return;
           continue;
         }
-        Request* victim = running_.back();
-        running_.pop_back();
+        std::vector<SchedRequest> described;
+        for (const Request* x : running_) described.push_back(DescribeLocked(x));
+        const size_t v = scheduler_.Victim(described);
+        Request* victim = running_[v];
+        running_.erase(running_.begin() + static_cast<ptrdiff_t>(v));
+        if (v < i) --i;  // r moved down one
         ReleasePagesLocked(victim);
         victim->state = Request::State::kWaiting;
         ++victim->result.preemptions;
         ++stats_.preemptions;
-        admission_raise_ = 1.0;
+        scheduler_.Preempted();
         waiting_.push_front(victim);
         cv_.notify_all();
-        // If the victim was r itself the loop ends; otherwise r tries again.
+        // If the victim was r itself, i now names the next request (or the end); otherwise r
+        // tries again.
       }
       if (running_.empty()) continue;
-      // Pin the step's epoch, then verify: a page released from here on is not granted again
-      // until the step ends, so what verification saw stays true for the kernels. Modes are
-      // read once here, so a mode change applies from the next step.
-      pin = pool_->table().PinStep();
-      const auto verify_start = Clock::now();
-      step_start = verify_start;
-      verified = pages_checked = 0;
-      for (size_t i = 0; i < running_.size();) {
-        Request* r = running_[i];
-        const isolation::Mode mode = guard_->mode(r->owner.tenant);
-        r->verify = mode != isolation::Mode::kOff;
-        r->ever_strict = r->ever_strict || mode == isolation::Mode::kStrict;
-        if (r->verify) {
-          ++verified;
-          pages_checked += r->pages.num_pages();
-        }
-        if (std::optional<isolation::Violation> v =
-                guard_->Verify(r->owner, r->pages.grants(), mode)) {
-          AbortLocked(r, *v);
-          running_.erase(running_.begin() + static_cast<ptrdiff_t>(i));
-        } else {
-          ++i;
-        }
-      }
-      verify_ns =
-          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - verify_start).count();
-      if (running_.empty()) {
-        guard_->RecordStep(verify_ns, verified, pages_checked);
-        pin = {};
-        continue;
-      }
-      stats_.max_running = std::max(stats_.max_running, static_cast<int>(running_.size()));
-      if (decode_allowance_ > 0) --decode_allowance_;  // the step runs: it uses one unit
+      // The step (isolation/step_guard.h): pin the epoch, read modes once (a mode change
+      // applies from the next step), verify every page table; a request that fails is
+      // aborted alone, before any of its KV is read.
+      step_start = Clock::now();
       batch = running_;
+      sessions.clear();
+      for (const Request* r : batch) sessions.push_back({r->owner, r->pages.grants(), r->id});
+      step.emplace(step_guard_.Begin(sessions));
       items.clear();
-      tag_faults.assign(batch.size(), -1);
+      in_step.clear();
       for (size_t b = 0; b < batch.size(); ++b) {
         Request* r = batch[b];
-        // The kernels' tag check runs for every request, `off` tenants' included: a page an
-        // off tenant reads may by then belong to a strict one, and the strictest mode among a
-        // page's users applies. `off` skips only the table verification (and its reporting
-        // of anything but a kernel mismatch). It costs 16 bytes per page read.
+        r->ever_strict = r->ever_strict || step->mode(b) == isolation::Mode::kStrict;
+        if (!step->in(b)) {
+          AbortLocked(r, *step->violation(b));
+          running_.erase(std::find(running_.begin(), running_.end(), r));
+          continue;
+        }
+        in_step.push_back(b);
+      }
+      if (in_step.empty()) {
+        step->Finish();
+        continue;
+      }
+      stats_.max_running = std::max(stats_.max_running, static_cast<int>(in_step.size()));
+      if (decode_allowance_ > 0) --decode_allowance_;  // the step runs: it uses one unit
+      tag_faults.assign(in_step.size(), -1);
+      for (size_t j = 0; j < in_step.size(); ++j) {
+        const Request* r = batch[in_step[j]];
         items.push_back(Model::DecodeItem{r->tokens.back(), r->pages.kv_len(), r->pages.grants(),
-                                          /*check_tags=*/true, &tag_faults[b]});
+                                          step->check_tags(in_step[j]), &tag_faults[j]});
       }
 #if KVGUARD_FAULT_INJECTION
-      for (Request* r : batch) {
-        if (r->id == faults_.release_during_step && r->pages.num_pages() > 0) {
-          // The bug: a page is released (as by a racing cancel path) after verification,
-          // while the step that reads it is in flight.
-          pool_->table().Release(r->owner, r->pages.grants().front(), false);
-        }
-      }
+      // The bug: a page is released (as by a racing cancel path) after verification, while
+      // the step that reads it is in flight.
+      release_first_page_of(faults_.release_during_step);
 #endif
     }
     // The step runs without the engine lock. The batch's requests cannot finish or lose
     // pages meanwhile: only this thread finishes, preempts or grows running requests
     // (Cancel only flags them).
     const absl::Status status = model_->Decode(items, *pool_, logits.data(), &decode_pool_);
-    // The kernels are done: unpin, so pages released from here on (finished requests) are free
-    // at once. Re-verification below needs no pin: it only reads the table.
-    pin = {};
     std::unique_lock<std::mutex> lock(mu_);
+#if KVGUARD_FAULT_INJECTION
+    // The bug: the page goes back after the kernels read it, before the step's result is
+    // accepted (the kernels' own check saw nothing wrong).
+    release_first_page_of(faults_.release_after_kernels);
+#endif
+    for (size_t j = 0; j < in_step.size(); ++j) {
+      if (tag_faults[j] >= 0) step->KernelFault(in_step[j], tag_faults[j]);
+    }
+    // Re-verify before any result leaves, then unpin (pages released from here on, as by
+    // finished requests, are free at once) and report.
+    step->Finish();
     cv_.notify_all();  // unpinning may have freed pages others wait for
     ++stats_.decode_steps;
-    admission_raise_ = std::max(0.0, admission_raise_ - options_.admission_ratio_decay);
+    scheduler_.DecodeStep();
     stats_.decode_tokens += static_cast<int64_t>(items.size());
     for (const Model::DecodeItem& it : items) stats_.decode_kv_tokens += it.pos + 1;
-    // Re-verify before any result leaves: a grant that changed during the step (only a
-    // broken allocator can do that under the epoch rule) discards the step's token.
-    const auto post_start = Clock::now();
-    post_violations.assign(batch.size(), std::nullopt);
-    for (size_t b = 0; b < batch.size(); ++b) {
-      if (batch[b]->verify) {
-        post_violations[b] = pool_->table().Verify(batch[b]->owner, batch[b]->pages.grants());
-      }
-    }
-    verify_ns +=
-        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - post_start).count();
-    guard_->RecordStep(verify_ns, verified, pages_checked);
-    for (size_t b = 0; b < batch.size(); ++b) {
-      Request* r = batch[b];
+    for (size_t j = 0; j < in_step.size(); ++j) {
+      Request* r = batch[in_step[j]];
       bool done = false;
       if (!status.ok()) {
         FinishLocked(r, FinishReason::kError, status);
         done = true;
-      } else if (tag_faults[b] >= 0) {
-        // The kernels' own check failed after verification passed: something released or
-        // rewrote the page mid-step. Nothing of the page was read or written.
-        AbortLocked(r, KernelTagViolation(r, tag_faults[b]));
-        done = true;
-      } else if (post_violations[b]) {
-        AbortLocked(r, *post_violations[b]);
+      } else if (!step->accepted(in_step[j])) {
+        // The kernels' own check failed after verification passed (nothing of the page was
+        // read or written), or the page table changed during the step: the token is dropped.
+        AbortLocked(r, *step->violation(in_step[j]));
         done = true;
       } else {
         r->pages.set_kv_len(r->pages.kv_len() + 1);
@@ -709,7 +682,7 @@ void Engine::DecodeLoop() {
           done = true;
         } else {
           done = AcceptTokenLocked(
-              r, r->sampler.Sample(&logits[b * static_cast<size_t>(c.vocab_size)], c.vocab_size));
+              r, r->sampler.Sample(&logits[j * static_cast<size_t>(c.vocab_size)], c.vocab_size));
         }
       }
       if (done) running_.erase(std::find(running_.begin(), running_.end(), r));

@@ -9,11 +9,12 @@
 //     the pool runs dry it preempts the newest running request: its pages are released and
 //     it goes back to the front of the queue, to be recomputed from its tokens later.
 // Every page a request holds comes from, and goes back to, the pool's ownership table
-// (isolation/), granted to Owner{tenant, session = request id}. Each step pins an epoch,
-// verifies every request's page table (unless its tenant's mode is off) and has the kernels
-// check tags; a request that fails is aborted alone (FinishReason::kAborted, with the
-// violation) and reported to the audit sink. Nothing here throws; bad requests are refused at
-// Submit.
+// (isolation/), granted to Owner{tenant, session = request id}. Each prefill and decode step
+// goes through isolation::StepGuard, the one owner of the step protocol: it pins an epoch,
+// verifies every request's page table (unless its tenant's mode is off), has the kernels check
+// tags, re-verifies and reports; a request that fails is aborted alone
+// (FinishReason::kAborted, with the violation) and reported to the audit sink. Nothing here throws;
+// bad requests are refused at Submit.
 #ifndef KVGUARD_CORE_ENGINE_H_
 #define KVGUARD_CORE_ENGINE_H_
 
@@ -33,9 +34,11 @@
 #include "core/kv_pool.h"
 #include "core/model.h"
 #include "core/sampler.h"
+#include "core/scheduler.h"
 #include "core/session_pages.h"
 #include "core/tokenizer.h"
 #include "isolation/guard.h"
+#include "isolation/step_guard.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace kvguard::core {
@@ -43,21 +46,10 @@ namespace kvguard::core {
 using RequestId = uint64_t;
 
 struct EngineOptions {
-  int max_batch = 64;     // running requests decoded together (<= kMaxDecodeBatch)
-  int reserve_pages = 1;  // admission needs pages for the prompt plus this many
-  // Admission control against preemption: while other requests are in flight, a request is
-  // admitted only when the pool also holds ceil(ratio x the pages that it and every in-flight
-  // request may still grow into, up to prompt + max_tokens within the context). The ratio is
-  // the engine's estimate of how much of max_tokens requests actually use: it starts at
-  // admission_ratio and follows an average (weight 1/16) of generated / (tokens it could have
-  // generated) over finished requests, never below admission_ratio_min. Every preemption raises
-  // it to 1 for a while (the raise falls by admission_ratio_decay per decode step): a preempted
-  // request's KV is recomputed, work thrown away. (SGLang's "new token ratio" does the same with
-  // a fixed decay; following the observed usage keeps a workload whose requests run to
-  // max_tokens from being over-admitted over and over. Measured on `small`, context 2048, BF16
-  // KV, 32 clients: greedy admission preempted 16 times and halved throughput.) With no other
-  // request in flight the prompt's pages plus the reserve suffice, so nothing starves.
-  // admission_ratio 0: greedy admission (prompt plus reserve only), always.
+  // Scheduling (core/scheduler.h, SchedulerOptions, which explains each): requests in
+  // flight at once (<= kMaxDecodeBatch), the admission reserve and the admission ratio.
+  int max_batch = 64;
+  int reserve_pages = 1;
   double admission_ratio = 1.0;
   double admission_ratio_min = 0.1;
   double admission_ratio_decay = 1e-3;
@@ -86,6 +78,8 @@ struct EngineFaults {
   std::string release_during_step_next_of_tenant;
   uint64_t release_during_prefill = 0;  // ... or after its prefill's verification, before
                                         // prefill writes into it
+  uint64_t release_after_kernels = 0;   // ... or after a decode step's kernels ran, before
+                                        // the step's re-verification: only that catches it
   uint64_t double_release = 0;          // this request's pages are released twice at finish
   bool handover_cancelled = false;      // a request cancelled in prefill is released and still
                                         // handed over to decode with its old page table
@@ -207,9 +201,8 @@ class Engine {
   void ReleasePagesLocked(Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ScrubOnReleaseLocked says whether r's pages are zeroed when it releases them next.
   bool ScrubOnReleaseLocked(Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // KernelTagViolation describes a failed in-kernel tag check of r's page `page_index`.
-  isolation::Violation KernelTagViolation(const Request* r, int32_t page_index) const;
-  // Abort finishes `r` with kAborted after reporting `v`. Requires mu_.
+  // Abort finishes `r` with kAborted for violation `v`, which its step already reported to
+  // the audit sink (isolation::StepGuard). Requires mu_.
   void AbortLocked(Request* r, const isolation::Violation& v) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Accept appends sampled token `token` to `r`; returns true if r is now finished.
   bool AcceptTokenLocked(Request* r, int token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -219,6 +212,7 @@ class Engine {
   std::shared_ptr<const Tokenizer> tokenizer_;
   std::unique_ptr<KvPool> pool_;
   std::unique_ptr<isolation::Guard> guard_;
+  isolation::StepGuard step_guard_;  // every prefill and decode step goes through it
   EngineOptions options_;
   kernels::ThreadPool prefill_pool_;
   kernels::ThreadPool decode_pool_;
@@ -235,20 +229,19 @@ class Engine {
   std::deque<Request*> waiting_ ABSL_GUARDED_BY(mu_);       // FIFO; preempted go to the front
   std::vector<Request*> handed_over_ ABSL_GUARDED_BY(mu_);  // prefilled, not yet running
   std::vector<Request*> running_ ABSL_GUARDED_BY(mu_);      // decode worker's batch
-  int prefilling_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<Request*> prefilling_ ABSL_GUARDED_BY(mu_);   // the prefill worker's (<= 1)
   // Engine::Allow: units of work each worker may still start (kUnlimitedWork: no limit), and
   // whether it is waiting for work it may start (WaitUntilSettled).
   int64_t prefill_allowance_ ABSL_GUARDED_BY(mu_) = kUnlimitedWork;
   int64_t decode_allowance_ ABSL_GUARDED_BY(mu_) = kUnlimitedWork;
   bool prefill_parked_ ABSL_GUARDED_BY(mu_) = false;
   bool decode_parked_ ABSL_GUARDED_BY(mu_) = false;
-  // EngineOptions::admission_ratio: the usage estimate, and the raise after a preemption.
-  double admission_usage_ ABSL_GUARDED_BY(mu_) = 0;
-  double admission_raise_ ABSL_GUARDED_BY(mu_) = 0;
-  double AdmissionRatioLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // GrowthPagesLocked: pages r may still need beyond what it holds (or, waiting, beyond its
-  // prefill), up to prompt + max_tokens within the context.
-  int GrowthPagesLocked(const Request* r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Admission, preemption and the admission ratio are decided here (no threads inside).
+  Scheduler scheduler_ ABSL_GUARDED_BY(mu_);
+  // NextAdmissionLocked: the index into waiting_ of the request to admit now, if any.
+  std::optional<size_t> NextAdmissionLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // DescribeLocked: what the scheduler knows of r (waiting: its prefill ahead).
+  SchedRequest DescribeLocked(const Request* r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   EngineStats stats_ ABSL_GUARDED_BY(mu_);
 #if KVGUARD_FAULT_INJECTION
   EngineFaults faults_ ABSL_GUARDED_BY(mu_);

@@ -318,6 +318,9 @@ absl::Status Model::Prefill(std::span<const int> tokens, std::span<const PageGra
     return false;
   };
   for (int l = 0; l < c.n_layers; ++l) {
+#if KVGUARD_FAULT_INJECTION
+    if (layer_hook_) layer_hook_(l);
+#endif
     if (pages_changed_hands()) return absl::OkStatus();
     const Layer& L = layers_[l];
     for (int t = 0; t < T; ++t) {
@@ -424,6 +427,9 @@ absl::Status Model::Decode(std::span<const DecodeItem> items, KvPool& pool, floa
   const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd));
 
   for (int l = 0; l < c.n_layers; ++l) {
+#if KVGUARD_FAULT_INJECTION
+    if (layer_hook_) layer_hook_(l);
+#endif
     const Layer& L = layers_[l];
     for (int b = 0; b < B; ++b) {
       kernels::RmsNorm(&s.x[size_t(b) * c.dim], L.attn_norm.data(), c.dim, c.norm_eps,

@@ -5,6 +5,7 @@
 #ifndef KVGUARD_CORE_MODEL_H_
 #define KVGUARD_CORE_MODEL_H_
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -106,6 +107,13 @@ class Model {
   const std::vector<float>& fp8_k_scales() const { return k_scales_; }
   const std::vector<float>& fp8_v_scales() const { return v_scales_; }
 
+#if KVGUARD_FAULT_INJECTION
+  // set_layer_hook: `hook(layer)` runs at the start of every layer of Prefill and Decode (test
+  // builds only), so a test can change the page table's pages mid-pass, as a broken allocator
+  // on another thread would.
+  void set_layer_hook(std::function<void(int)> hook) { layer_hook_ = std::move(hook); }
+#endif
+
  private:
   struct Layer {
     std::vector<float> attn_norm, ffn_norm;  // [dim]
@@ -141,6 +149,9 @@ class Model {
   // Observed |K| and |V| maxima while calibrating (null otherwise).
   std::vector<float>* calib_k_max_ = nullptr;
   std::vector<float>* calib_v_max_ = nullptr;
+#if KVGUARD_FAULT_INJECTION
+  std::function<void(int)> layer_hook_;
+#endif
 };
 
 }  // namespace kvguard::core

@@ -82,9 +82,11 @@ struct World::Request {
   bool aborted = false;
   bool quarantined = false;  // (strict) its session was quarantined
   bool ever_strict = false;
+  // The step in flight (isolation/step_guard.h, as in the engine), the page table it
+  // verified (the span the step holds points into it), and the shadow's ticket for its pin.
+  std::optional<isolation::StepGuard::Step> step;
+  std::vector<PageGrant> presented;
   Mode step_mode = Mode::kEnforce;
-  bool pinned = false;
-  isolation::OwnershipTable::StepPin pin;
   uint64_t ticket = 0;
   std::map<int, PageGrant> overrides;  // injected: entries of the page table it presents
   std::vector<PageGrant> released;     // grants it gave back (for double releases)
@@ -125,6 +127,7 @@ World::World(const WorldOptions& options) : options_(options) {
       isolation::Guard::Create(go, &pool_->table(), keys_);
   if (!guard.ok()) std::abort();
   guard_ = std::move(*guard);
+  step_guard_ = std::make_unique<isolation::StepGuard>(guard_.get());
   // Planted bugs (fuzz/README.md): each switches on one fault hook of the real code.
   struct TableBug {
     const char* name;
@@ -149,6 +152,10 @@ World::World(const WorldOptions& options) : options_(options) {
       known = true;
     }
   }
+  if (options.planted == "no_step_reverify") {
+    step_guard_->set_faults({.skip_reverify = true});
+    known = true;
+  }
   if (options.planted == "handover_after_cancel") {
     planted_session_.handover_cancelled = true;  // every request's lifecycle carries it
     known = true;
@@ -163,8 +170,10 @@ World::World(const WorldOptions& options) : options_(options) {
 }
 
 World::~World() {
-  // Pins and pages go back before the pool (the table) goes away.
-  for (auto& q : requests_) q->pin = {};
+  // Steps end (unpinning) and pages go back before the pool (the table) goes away.
+  for (auto& q : requests_) {
+    if (q->step) q->step->Finish();
+  }
   requests_.clear();
 }
 
@@ -181,7 +190,7 @@ bool World::live(int r) const {
 World::Phase World::phase(int r) const { return Get(r)->phase; }
 bool World::in_step(int r) const {
   const Request* q = Get(r);
-  return q != nullptr && q->pinned;
+  return q != nullptr && q->step.has_value();
 }
 bool World::waiting(int r) const {
   const Request* q = Get(r);
@@ -367,6 +376,14 @@ std::vector<PageGrant> World::Presented(const Request& q) const {
   return out;
 }
 
+void World::RefreshPresented(Request& q) {
+  // In flight, the step holds a span over q.presented, as the engine's kernels read the page
+  // table in place: a table corrupted mid-step is what they, and the re-verification, see.
+  if (!q.step) return;
+  const std::vector<PageGrant> now = Presented(q);
+  std::copy(now.begin(), now.end(), q.presented.begin());
+}
+
 bool World::ScrubOnRelease(Request& q) {
   const bool scrub = q.ever_strict || guard_->mode(q.owner.tenant) == Mode::kStrict;
   q.ever_strict = false;
@@ -384,7 +401,7 @@ void World::Violated(Request& q, const Violation& v) {
   }
 }
 
-void World::Report(Request& q, const Violation& v) {
+void World::ShadowReported(Request& q, const Violation& v) {
   // Guard::Report quarantines a strict tenant's session (and the tenant at its limit) by
   // the tenant's mode now.
   ShadowTenant& st = tenants_[size_t(q.tenant)];
@@ -393,19 +410,27 @@ void World::Report(Request& q, const Violation& v) {
     ShadowQuarantine(q);
     if (++st.strict_violations >= kQuarantineAfter) st.quarantined = true;
   }
+}
+
+void World::Report(Request& q, const Violation& v) {
+  ShadowReported(q, v);
   guard_->Report(v, q.owner.session);
 }
 
-void World::Abort(Request& q, const Violation& v) {
+void World::EndShadowStep(Request& q) {
+  pins_.erase(std::find(pins_.begin(), pins_.end(), q.ticket));
+  ShadowReclaim();
+}
+
+void World::AbortInStep(Request& q) {
+  // The step guard has reported the violation (at Begin, or at Finish for a kernel fault or a
+  // failed re-verification) and unpinned; the shadow follows.
+  const Violation v = *q.step->violation(0);
+  q.step.reset();
+  EndShadowStep(q);
   Violated(q, v);
-  Report(q, v);
+  ShadowReported(q, v);
   q.aborted = true;
-  if (q.pinned) {
-    q.pin = {};
-    q.pinned = false;
-    pins_.erase(std::find(pins_.begin(), pins_.end(), q.ticket));
-    ShadowReclaim();
-  }
   Complete(q);
 }
 
@@ -444,19 +469,19 @@ void World::Complete(Request& q) {
 }
 
 void World::BeginStep(Request& q) {
-  q.pin = pool_->table().PinStep();
-  q.pinned = true;
+  q.presented = Presented(q);
+  const isolation::StepSession session{q.owner, q.presented, q.owner.session};
+  q.step.emplace(step_guard_->Begin(std::span(&session, 1)));
   q.ticket = next_ticket_++;
   pins_.push_back(q.ticket);
-  q.step_mode = guard_->mode(q.owner.tenant);
+  q.step_mode = q.step->mode(0);
   if (q.step_mode != tenants_[size_t(q.tenant)].mode) {
     Fail("mode", absl::StrCat("tenant ", kTenantNames[q.tenant], " reads mode ",
                               isolation::ModeName(q.step_mode), ", set to ",
                               isolation::ModeName(tenants_[size_t(q.tenant)].mode)));
   }
   q.ever_strict = q.ever_strict || q.step_mode == Mode::kStrict;
-  const std::vector<PageGrant> presented = Presented(q);
-  const std::optional<Violation> v = guard_->Verify(q.owner, presented, q.step_mode);
+  const std::optional<Violation>& v = q.step->violation(0);
   std::optional<ViolationKind> want;
   const ShadowTenant& st = tenants_[size_t(q.tenant)];
   if (q.step_mode == Mode::kStrict && st.quarantined) {
@@ -466,8 +491,8 @@ void World::BeginStep(Request& q) {
   } else if (q.step_mode != Mode::kOff) {
     want = ShadowVerify(q);
   }
-  KVG_TRACE("r", q.index, " pin+verify (", isolation::ModeName(q.step_mode), ", ", presented.size(),
-            " pages): ", v ? isolation::ViolationKindName(v->kind) : "ok");
+  KVG_TRACE("r", q.index, " pin+verify (", isolation::ModeName(q.step_mode), ", ",
+            q.presented.size(), " pages): ", v ? isolation::ViolationKindName(v->kind) : "ok");
   if (v && !want) {
     Fail("legit-read-rejected", absl::StrCat("verification refused request ", q.index, ": ",
                                              isolation::DescribeViolation(*v)));
@@ -477,7 +502,10 @@ void World::BeginStep(Request& q) {
          absl::StrCat("verification passed request ", q.index, "'s page table, the shadow says ",
                       isolation::ViolationKindName(*want)));
   }
-  if (v) Abort(q, *v);
+  if (v) {
+    q.step->Finish();
+    AbortInStep(q);
+  }
 }
 
 namespace {
@@ -504,13 +532,9 @@ bool World::KernelCheck(Request& q, const PageGrant& g, int page_index, int toke
                                              access, " of its own ", G(g)));
   }
   if (!pass) {
-    Violation v;
-    v.kind = ViolationKind::kKernelTagMismatch;
-    v.requester = q.owner;
-    v.page = g.page;
-    v.page_index = page_index;
-    v.expected_generation = g.generation;
-    Abort(q, v);
+    q.step->KernelFault(0, page_index);
+    q.step->Finish();
+    AbortInStep(q);
   }
   return pass;
 }
@@ -548,10 +572,9 @@ void World::KernelCheckAndWrite(Request& q, int position) {
 }
 
 void World::EndStep(Request& q, bool prefill) {
-  std::optional<Violation> v;
+  q.step->Finish();
+  const std::optional<Violation>& v = q.step->violation(0);
   if (q.step_mode != Mode::kOff) {
-    const std::vector<PageGrant> presented = Presented(q);
-    v = pool_->table().Verify(q.owner, presented);
     const std::optional<ViolationKind> want = ShadowVerify(q);
     if (v && !want) {
       Fail("legit-read-rejected", absl::StrCat("post-step verification refused request ", q.index,
@@ -563,15 +586,13 @@ void World::EndStep(Request& q, bool prefill) {
                         isolation::ViolationKindName(*want)));
     }
   }
-  q.pin = {};
-  q.pinned = false;
-  pins_.erase(std::find(pins_.begin(), pins_.end(), q.ticket));
-  ShadowReclaim();
   KVG_TRACE("r", q.index, " end step + unpin: ", v ? isolation::ViolationKindName(v->kind) : "ok");
   if (v) {
-    Abort(q, *v);
+    AbortInStep(q);
     return;
   }
+  q.step.reset();
+  EndShadowStep(q);
   if (!prefill) {
     q.pages->set_kv_len(q.pages->kv_len() + 1);
     q.phase = Phase::kDecodeGrow;
@@ -859,7 +880,7 @@ bool World::Inject(Fault f, int r, uint32_t arg) {
   const int n = q->waiting ? 0 : q->pages->num_pages();
   switch (f) {
     case Fault::kReleaseMidStep: {
-      if (!q->pinned || n == 0) return false;
+      if (!q->step || n == 0) return false;
       const PageGrant g = q->pages->grants()[arg % uint32_t(n)];
       if (!ShadowReleasable(q->owner, g)) return false;  // already gone
       q->tainted = true;
@@ -893,6 +914,7 @@ bool World::Inject(Fault f, int r, uint32_t arg) {
       const int i = int(arg % uint32_t(n));
       q->overrides[i] = q->released[(arg >> 8) % q->released.size()];
       q->tainted = true;
+      RefreshPresented(*q);
       KVG_TRACE("FAULT stale page table r", r, "[", i, "] = ", G(q->overrides[i]));
       return true;
     }
@@ -909,6 +931,7 @@ bool World::Inject(Fault f, int r, uint32_t arg) {
       }
       q->overrides[i] = g;
       q->tainted = true;
+      RefreshPresented(*q);
       KVG_TRACE("FAULT forged page table r", r, "[", i, "] = ", G(g));
       return true;
     }

@@ -48,6 +48,7 @@
 #include "core/session_pages.h"
 #include "isolation/guard.h"
 #include "isolation/ownership_table.h"
+#include "isolation/step_guard.h"
 
 namespace kvguard::fuzz {
 
@@ -58,7 +59,7 @@ struct WorldOptions {
   // A planted bug (fuzz/README.md) switched on in the real code for the world's life: one of
   // no_epoch_pin, no_generation_bump, release_without_owner_check, unscrubbed_reuse,
   // skip_last_page_verify, handover_after_cancel, copy_pin_ignored, stale_release_accepted,
-  // page_granted_twice; "" for none.
+  // page_granted_twice, no_step_reverify; "" for none.
   std::string planted;
 };
 
@@ -152,6 +153,7 @@ class World {
 
   // Steps of the lifecycle.
   std::vector<isolation::PageGrant> Presented(const Request& q) const;
+  void RefreshPresented(Request& q);  // after an injection changed the table mid-step
   void BeginStep(Request& q);
   // KernelCheck runs the attention kernel's tag check on one page of q's page table, checks
   // its verdict against the shadow's, and aborts q on a mismatch (returns false).
@@ -161,8 +163,11 @@ class World {
   void KernelCheckAndWrite(Request& q, int position);
   void EndStep(Request& q, bool prefill);
   void Violated(Request& q, const isolation::Violation& v);
-  void Report(Request& q, const isolation::Violation& v);  // guard_->Report + the shadow
-  void Abort(Request& q, const isolation::Violation& v);
+  void Report(Request& q, const isolation::Violation& v);          // guard_->Report + the shadow
+  void ShadowReported(Request& q, const isolation::Violation& v);  // the shadow's part
+  // AbortInStep ends q once its finished step took it out (the step guard reported why).
+  void AbortInStep(Request& q);
+  void EndShadowStep(Request& q);  // the shadow's unpin
   void ReleaseAll(Request& q);
   bool ScrubOnRelease(Request& q);
   void Complete(Request& q);
@@ -172,6 +177,7 @@ class World {
   std::unique_ptr<core::KvPool> pool_;
   std::shared_ptr<isolation::MemoryAuditSink> sink_;
   std::unique_ptr<isolation::Guard> guard_;
+  std::unique_ptr<isolation::StepGuard> step_guard_;  // the engine's step protocol
   std::vector<std::unique_ptr<Request>> requests_;
   std::vector<ShadowPage> shadow_;
   std::vector<uint64_t> pins_;  // tickets of the steps in flight (the shadow's copy)

@@ -9,6 +9,7 @@
 
 #include "core/synthetic_model.h"
 #include "tests/core/reference_decoder.h"
+#include "tests/core/tiny_model.h"
 
 namespace kvguard::core {
 namespace {
@@ -102,6 +103,45 @@ TEST(ModelTest, BatchedDecodeEqualsEachAlone) {
     std::vector<float> alone(c.vocab_size);
     ASSERT_TRUE(l.model->Decode({&items[b], 1}, *l.pool, alone.data(), &tp).ok());
     EXPECT_LE(MaxAbsDiff(alone, &batched[size_t(b) * c.vocab_size]), 1e-5) << "sequence " << b;
+  }
+}
+
+// The bug class "prefill's write-page tag check is done before the first layer only": a page
+// that changes hands after layer 0 has written into it must not be written by any later
+// layer. Twin: an untouched page table is written by every layer and reports no fault.
+TEST(ModelTest, PrefillChecksItsWritePagesBeforeEveryLayer) {
+  const TinyModel& t = Fp32Tiny();
+  Model& model = *t.model;
+  ASSERT_GE(model.config().n_layers, 2);
+  for (const bool release : {false, true}) {
+    SCOPED_TRACE(release ? "page 1 released after layer 0" : "twin: untouched");
+    KvPoolOptions po;
+    po.dtype = KvDtype::kFp32;
+    po.budget_bytes = model.config().KvBytesPerToken(4) * 16 * 4;
+    std::unique_ptr<KvPool> pool = *KvPool::Create(model.config(), po);
+    const Owner owner{1, 1};
+    std::vector<PageGrant> pages;
+    ASSERT_TRUE(pool->table().GrantMany(owner, 2, &pages).ok());
+    std::vector<int> tokens(20);  // two pages of 16
+    for (int i = 0; i < 20; ++i) tokens[size_t(i)] = 1 + i;
+    model.set_layer_hook([&](int layer) {
+      if (release && layer == 1) {
+        EXPECT_FALSE(pool->table().Release(owner, pages[1], false).has_value());
+      }
+    });
+    std::vector<float> logits(size_t(model.config().vocab_size));
+    int32_t fault = -1;
+    ASSERT_TRUE(model.Prefill(tokens, pages, *pool, logits.data(), nullptr, &fault).ok());
+    model.set_layer_hook(nullptr);
+    EXPECT_EQ(fault, release ? 1 : -1);
+    // Page 1's bytes: layer 0 was written (before the release); from layer 1 on, nothing.
+    const auto* base = static_cast<const uint8_t*>(pool->LayerView(0).k);
+    const uint8_t* page1 = base + pool->page_bytes() * size_t(pages[1].page);
+    const size_t layer_bytes = pool->page_bytes() / size_t(model.config().n_layers);
+    const bool later_layers_zero = std::all_of(page1 + layer_bytes, page1 + pool->page_bytes(),
+                                               [](uint8_t b) { return b == 0; });
+    EXPECT_EQ(later_layers_zero, release);
+    EXPECT_FALSE(std::all_of(page1, page1 + layer_bytes, [](uint8_t b) { return b == 0; }));
   }
 }
 

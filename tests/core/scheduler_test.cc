@@ -1,0 +1,196 @@
+// Tests of core/scheduler.h, decision by decision and without threads: who is admitted (order,
+// tenant turns, preempted first, nothing overtakes a request that does not fit), when
+// (reserve, growth reservation, batch room), who is preempted, and how the admission ratio
+// moves. Each refusal has its twin that admits.
+#include "core/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+namespace kvguard::core {
+namespace {
+
+// A waiting request of `tenant` whose prefill needs `prefill` pages and that may grow to
+// `most` pages.
+SchedRequest Waiting(uint64_t id, isolation::TenantId tenant, int prefill = 1, int most = 1) {
+  SchedRequest r;
+  r.id = id;
+  r.tenant = tenant;
+  r.prefill_pages = prefill;
+  r.most_pages = most;
+  return r;
+}
+
+SchedRequest InFlight(uint64_t id, int held, int most) {
+  SchedRequest r;
+  r.id = id;
+  r.tenant = 1;
+  r.held_pages = held;
+  r.most_pages = most;
+  return r;
+}
+
+SchedulerOptions Greedy() {
+  SchedulerOptions o;
+  o.admission_ratio = o.admission_ratio_min = o.admission_ratio_decay = 0;
+  return o;
+}
+
+// Admits from `waiting` until nothing more is admitted (plenty of pages, nothing in flight
+// counted), returning the ids in admission order: the order the queue is served in.
+std::vector<uint64_t> ServeOrder(Scheduler& s, std::vector<SchedRequest> waiting) {
+  std::vector<uint64_t> order;
+  while (std::optional<size_t> i = s.Admit(waiting, {}, 1000)) {
+    order.push_back(waiting[*i].id);
+    s.Admitted(waiting[*i].tenant);
+    waiting.erase(waiting.begin() + static_cast<std::ptrdiff_t>(*i));
+  }
+  return order;
+}
+
+TEST(SchedulerTest, OneTenantIsServedInArrivalOrder) {
+  Scheduler s(Greedy());
+  EXPECT_EQ(ServeOrder(s, {Waiting(1, 1), Waiting(2, 1), Waiting(3, 1)}),
+            (std::vector<uint64_t>{1, 2, 3}));
+  EXPECT_EQ(s.Admit({}, {}, 1000), std::nullopt) << "nothing waits";
+}
+
+// Tenant 1 queued many requests before tenant 2 and 3 sent theirs: the tenants take turns, so
+// tenant 2's and 3's first requests do not wait behind all of tenant 1's.
+TEST(SchedulerTest, TenantsTakeTurnsSoNoQueueStarvesAnother) {
+  Scheduler s(Greedy());
+  const std::vector<SchedRequest> q = {Waiting(1, 1), Waiting(2, 1), Waiting(3, 1), Waiting(4, 1),
+                                       Waiting(5, 2), Waiting(6, 3), Waiting(7, 2)};
+  EXPECT_EQ(ServeOrder(s, q), (std::vector<uint64_t>{1, 5, 6, 2, 7, 3, 4}));
+}
+
+TEST(SchedulerTest, PreemptedRequestsGoFirstWhateverTheTurn) {
+  Scheduler s(Greedy());
+  s.Admitted(1);  // tenant 2's turn next
+  SchedRequest back = Waiting(9, 1);
+  back.preempted = true;
+  EXPECT_EQ(ServeOrder(s, {Waiting(1, 2), back, Waiting(3, 1)}), (std::vector<uint64_t>{9, 1, 3}));
+}
+
+TEST(SchedulerTest, AloneTheRequestNeedsItsPrefillPagesAndTheReserve) {
+  SchedulerOptions o;  // ratio 1: full growth reservation, which applies only beside others
+  o.reserve_pages = 2;
+  Scheduler s(o);
+  const std::vector<SchedRequest> q = {Waiting(1, 1, /*prefill=*/3, /*most=*/50)};
+  EXPECT_EQ(s.Admit(q, {}, 4), std::nullopt) << "3 + 2 reserve > 4";
+  EXPECT_EQ(s.Admit(q, {}, 5), 0u) << "twin: exactly enough, its growth is not reserved alone";
+}
+
+TEST(SchedulerTest, BesideOthersTheWholeGrowthIsReservedAtRatioOne) {
+  SchedulerOptions o;
+  o.admission_ratio = o.admission_ratio_min = 1.0;
+  Scheduler s(o);
+  // In flight: holds 2 of its 6 pages (4 to grow). The candidate: 1 prefill page, up to 3
+  // (2 to grow). Need: 1 + 1 reserve + 4 + 2 = 8.
+  const std::vector<SchedRequest> q = {Waiting(2, 1, 1, 3)};
+  const std::vector<SchedRequest> f = {InFlight(1, 2, 6)};
+  EXPECT_EQ(s.Admit(q, f, 7), std::nullopt);
+  EXPECT_EQ(s.Admit(q, f, 8), 0u);
+  // Greedy admission reserves no growth: 1 + 1 fits in 2.
+  Scheduler g(Greedy());
+  EXPECT_EQ(g.Admit(q, f, 2), 0u);
+  EXPECT_EQ(g.Admit(q, f, 1), std::nullopt);
+}
+
+TEST(SchedulerTest, AtHalfRatioHalfTheGrowthIsReservedRoundedUp) {
+  SchedulerOptions o;
+  o.admission_ratio = o.admission_ratio_min = 0.5;
+  Scheduler s(o);
+  ASSERT_DOUBLE_EQ(s.ratio(), 0.5);
+  // Growth 4 + 1 = 5, half is 2.5, rounded up 3: need 1 + 1 + 3 = 5.
+  const std::vector<SchedRequest> q = {Waiting(2, 1, 1, 2)};
+  const std::vector<SchedRequest> f = {InFlight(1, 2, 6)};
+  EXPECT_EQ(s.Admit(q, f, 4), std::nullopt);
+  EXPECT_EQ(s.Admit(q, f, 5), 0u);
+}
+
+TEST(SchedulerTest, AFullBatchAdmitsNothing) {
+  SchedulerOptions o = Greedy();
+  o.max_batch = 2;
+  Scheduler s(o);
+  const std::vector<SchedRequest> q = {Waiting(3, 1)};
+  const std::vector<SchedRequest> two = {InFlight(1, 1, 1), InFlight(2, 1, 1)};
+  const std::vector<SchedRequest> one = {InFlight(1, 1, 1)};
+  EXPECT_EQ(s.Admit(q, two, 100), std::nullopt);
+  EXPECT_EQ(s.Admit(q, one, 100), 0u);
+}
+
+// The request whose turn it is but that does not fit yet waits, and a smaller request behind
+// it (of any tenant) does not overtake it: a long prompt is not starved by short ones.
+TEST(SchedulerTest, NothingOvertakesTheRequestWhoseTurnItIs) {
+  Scheduler s(Greedy());
+  const std::vector<SchedRequest> q = {Waiting(1, 1, /*prefill=*/8), Waiting(2, 2, 1),
+                                       Waiting(3, 1, 1)};
+  EXPECT_EQ(s.Admit(q, {}, 5), std::nullopt);
+  EXPECT_EQ(s.Admit(q, {}, 9), 0u) << "twin: with room, it is admitted first";
+}
+
+TEST(SchedulerTest, TheVictimIsTheRequestAdmittedLast) {
+  Scheduler s(Greedy());
+  EXPECT_EQ(
+      s.Victim(std::vector<SchedRequest>{InFlight(1, 3, 9), InFlight(2, 1, 9), InFlight(3, 2, 9)}),
+      2u);
+  EXPECT_EQ(s.Victim(std::vector<SchedRequest>{InFlight(7, 1, 1)}), 0u);
+}
+
+TEST(SchedulerTest, TheRatioFollowsUsageAndIsRaisedByPreemptions) {
+  SchedulerOptions o;
+  o.admission_ratio = 1.0;
+  o.admission_ratio_min = 0.1;
+  o.admission_ratio_decay = 0.25;
+  Scheduler s(o);
+  EXPECT_DOUBLE_EQ(s.ratio(), 1.0) << "starts at admission_ratio";
+  s.Finished(10, 100);  // used 0.1: the estimate moves 1/16 of the way
+  EXPECT_DOUBLE_EQ(s.usage(), 1.0 + (0.1 - 1.0) / 16);
+  EXPECT_DOUBLE_EQ(s.ratio(), s.usage());
+  for (int i = 0; i < 200; ++i) s.Finished(0, 100);
+  EXPECT_LT(s.usage(), 0.1);
+  EXPECT_DOUBLE_EQ(s.ratio(), 0.1) << "never below admission_ratio_min";
+  s.Preempted();
+  EXPECT_DOUBLE_EQ(s.ratio(), 1.0);
+  s.DecodeStep();
+  EXPECT_DOUBLE_EQ(s.ratio(), 0.75) << "the raise decays per decode step";
+  s.DecodeStep();
+  s.DecodeStep();
+  s.DecodeStep();
+  EXPECT_DOUBLE_EQ(s.ratio(), 0.1);
+  const double before = s.usage();
+  s.Finished(500, 100);  // more than it could: counted as all of it
+  EXPECT_DOUBLE_EQ(s.usage(), before + (1.0 - before) / 16);
+}
+
+TEST(SchedulerTest, GreedyAdmissionKeepsARatioOfZero) {
+  Scheduler s(Greedy());
+  s.Preempted();
+  EXPECT_EQ(s.ratio(), 0.0);
+}
+
+TEST(SchedulerTest, BadOptionsAreRefused) {
+  for (auto [batch, reserve, ratio, min, decay] : {std::tuple{0, 1, 0.5, 0.1, 0.0},
+                                                   {64, -1, 0.5, 0.1, 0.0},
+                                                   {64, 1, 1.5, 0.1, 0.0},
+                                                   {64, 1, 0.5, -0.1, 0.0},
+                                                   {64, 1, 0.5, 0.1, 2.0},
+                                                   {64, 1, std::nan(""), 0.1, 0.0}}) {
+    SchedulerOptions o;
+    o.max_batch = batch;
+    o.reserve_pages = reserve;
+    o.admission_ratio = ratio;
+    o.admission_ratio_min = min;
+    o.admission_ratio_decay = decay;
+    EXPECT_FALSE(o.Validate().ok()) << batch << " " << reserve << " " << ratio;
+  }
+  EXPECT_TRUE(SchedulerOptions{}.Validate().ok()) << "the defaults are valid";
+}
+
+}  // namespace
+}  // namespace kvguard::core
