@@ -1,13 +1,14 @@
 // core/engine.h: continuous-batching decode engine over one shared paged KV pool.
 //
 // Two worker threads, as in disaggregated serving:
-//   * the prefill worker admits waiting requests in arrival order when the pool holds pages
-//     for their prompt plus a reserve, runs prefill (prefill weights), samples the first
-//     token and hands the request, with its pages, to the decode worker;
+//   * the prefill worker admits waiting requests as the scheduler (core/scheduler.h) decides:
+//     preempted ones first, then tenants in turn, when the pool holds pages for the prompt
+//     plus a reserve (and the reserved growth); it runs prefill (prefill weights), samples the
+//     first token and hands the request, with its pages, to the decode worker;
 //   * the decode worker runs one batched decode step at a time over every running request
 //     (up to max_batch), granting a new page whenever a request crosses a page boundary. When
-//     the pool runs dry it preempts the newest running request: its pages are released and
-//     it goes back to the front of the queue, to be recomputed from its tokens later.
+//     the pool runs dry it preempts the running request the scheduler names (the newest): its
+//     pages are released and it goes back to the queue, to be recomputed from its tokens.
 // Every page a request holds comes from, and goes back to, the pool's ownership table
 // (isolation/), granted to Owner{tenant, session = request id}. Each prefill and decode step
 // goes through isolation::StepGuard, the one owner of the step protocol: it pins an epoch,
@@ -169,8 +170,8 @@ class Engine {
 
   // WaitUntilSettled blocks until neither worker can start anything: each has used up its
   // allowance or has nothing it may start (no request to decode; no waiting request, or the
-  // oldest does not fit yet). Then no step is in flight and no page waits out an epoch, and
-  // the engine stays so until a Submit, Cancel or Allow. Returns at once while stopping.
+  // one the scheduler picks does not fit yet). Then no step is in flight and no page waits out an
+  // epoch, and the engine stays so until a Submit, Cancel or Allow. Returns at once while stopping.
   void WaitUntilSettled();
 
   EngineStats stats() const;
@@ -190,9 +191,9 @@ class Engine {
          const EngineOptions& options);
   void PrefillLoop();
   void DecodeLoop();
-  // PrefillCanStartLocked: the prefill worker may admit the oldest waiting request now (or
-  // the engine is stopping). DecodeCanStartLocked: the decode worker has requests to step and
-  // allowance to step them (or the engine is stopping).
+  // PrefillCanStartLocked: the prefill worker may admit the waiting request the scheduler
+  // picks now (or the engine is stopping). DecodeCanStartLocked: the decode worker has requests to
+  // step and allowance to step them (or the engine is stopping).
   bool PrefillCanStartLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool DecodeCanStartLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Finish records the outcome, releases pages and wakes waiters. Requires mu_.
@@ -226,7 +227,8 @@ class Engine {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   RequestId next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<RequestId, std::unique_ptr<Request>> requests_ ABSL_GUARDED_BY(mu_);
-  std::deque<Request*> waiting_ ABSL_GUARDED_BY(mu_);       // FIFO; preempted go to the front
+  // Arrival order, preempted at the front; the scheduler picks which is admitted next.
+  std::deque<Request*> waiting_ ABSL_GUARDED_BY(mu_);
   std::vector<Request*> handed_over_ ABSL_GUARDED_BY(mu_);  // prefilled, not yet running
   std::vector<Request*> running_ ABSL_GUARDED_BY(mu_);      // decode worker's batch
   std::vector<Request*> prefilling_ ABSL_GUARDED_BY(mu_);   // the prefill worker's (<= 1)
