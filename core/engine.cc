@@ -248,9 +248,9 @@ absl::StatusOr<GenerationResult> Engine::Wait(RequestId id) {
 }
 
 void Engine::Allow(EngineWorker worker, int64_t units) {
+  ABSL_RAW_CHECK(units >= kUnlimitedWork, "Engine::Allow: units must be >= 0 or kUnlimitedWork");
   std::unique_lock<std::mutex> lock(mu_);
-  (worker == EngineWorker::kPrefill ? prefill_allowance_ : decode_allowance_) =
-      std::max(units, kUnlimitedWork);
+  (worker == EngineWorker::kPrefill ? prefill_allowance_ : decode_allowance_) = units;
   cv_.notify_all();
 }
 
@@ -452,6 +452,9 @@ void Engine::PrefillLoop() {
         FinishLocked(r, FinishReason::kError, granted);
         continue;
       }
+      // Strict now, while it holds pages: its pages are scrubbed at release whatever the mode
+      // then (the step below reads the mode again, for what it writes).
+      r->ever_strict = r->ever_strict || guard_->mode(r->owner.tenant) == isolation::Mode::kStrict;
       r->state = Request::State::kPrefilling;
       prefilling_.push_back(r);
       if (!r->admitted_once) {
@@ -465,7 +468,8 @@ void Engine::PrefillLoop() {
     // whatever the mode, as the decode kernels do; Finish re-verifies before the first token
     // leaves.
     const isolation::StepSession session{r->owner, r->pages.grants(), r->id};
-    isolation::StepGuard::Step step = step_guard_.Begin(std::span(&session, 1));
+    isolation::StepGuard::Step step =
+        step_guard_.Begin(std::span(&session, 1), isolation::StepKind::kPrefill);
     absl::Status status;
 #if KVGUARD_FAULT_INJECTION
     {
@@ -667,13 +671,14 @@ void Engine::DecodeLoop() {
     for (size_t j = 0; j < in_step.size(); ++j) {
       Request* r = batch[in_step[j]];
       bool done = false;
-      if (!status.ok()) {
-        FinishLocked(r, FinishReason::kError, status);
-        done = true;
-      } else if (!step->accepted(in_step[j])) {
+      if (!step->accepted(in_step[j])) {
         // The kernels' own check failed after verification passed (nothing of the page was
         // read or written), or the page table changed during the step: the token is dropped.
+        // First, whatever the step's status: the violation is already on the record.
         AbortLocked(r, *step->violation(in_step[j]));
+        done = true;
+      } else if (!status.ok()) {
+        FinishLocked(r, FinishReason::kError, status);
         done = true;
       } else {
         r->pages.set_kv_len(r->pages.kv_len() + 1);

@@ -165,7 +165,8 @@ class Engine {
   // now on, replacing what it had left: admissions (a waiting request taken into prefill) for
   // kPrefill, decode steps (forward passes over the batch) for kDecode. kUnlimitedWork, the
   // default, lifts the limit; 0 pauses the worker once the unit in hand is done. A
-  // paused decode worker still finishes the requests it holds as they are cancelled.
+  // paused decode worker still finishes the requests it holds as they are cancelled. CHECK:
+  // units >= 0 or kUnlimitedWork.
   void Allow(EngineWorker worker, int64_t units);
 
   // WaitUntilSettled blocks until neither worker can start anything: each has used up its
@@ -192,8 +193,9 @@ class Engine {
   void PrefillLoop();
   void DecodeLoop();
   // PrefillCanStartLocked: the prefill worker may admit the waiting request the scheduler
-  // picks now (or the engine is stopping). DecodeCanStartLocked: the decode worker has requests to
-  // step and allowance to step them (or the engine is stopping).
+  // picks now (or the engine is stopping). DecodeCanStartLocked: the decode worker has
+  // requests to step and allowance to step them, or (paused) cancelled requests to let go, or
+  // the engine is stopping.
   bool PrefillCanStartLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool DecodeCanStartLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Finish records the outcome, releases pages and wakes waiters. Requires mu_.

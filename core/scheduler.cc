@@ -28,7 +28,7 @@ Scheduler::Scheduler(const SchedulerOptions& options)
 
 std::optional<size_t> Scheduler::Candidate(std::span<const SchedRequest> waiting) const {
   for (size_t i = 0; i < waiting.size(); ++i) {
-    if (waiting[i].preempted) return i;  // oldest preempted first, whatever its tenant
+    if (waiting[i].preempted) return i;  // the first preempted in queue order, any tenant
   }
   // Round robin: the first tenant after last_tenant_ (by id, wrapping) that has a request
   // waiting offers its oldest.

@@ -4,8 +4,9 @@
 //
 // Decisions:
 //   * Admission: which waiting request starts its (re)prefill now, if any. Preempted requests
-//     come first, oldest first: their KV was thrown away and they hold the user's partial
-//     output. Then tenants take turns: round robin over the tenants with a waiting request,
+//     come first, in queue order (the engine puts each victim at the front, so the latest is
+//     first, as before the scheduler): their KV was thrown away and they hold the user's
+//     partial output. Then tenants take turns: round robin over the tenants with a waiting request,
 //     starting after the tenant admitted last, each offering its oldest request, so one
 //     tenant's queue cannot starve another's. The request so chosen is admitted when the decode
 //     batch has room and the pool holds its prefill pages plus the reserve and, while other

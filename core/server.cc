@@ -719,7 +719,8 @@ std::string Server::Impl::RenderMetrics() const {
   p.Family("kvguard_kv_capacity_tokens", "gauge", "KV cache capacity in tokens by dtype.");
   p.Sample("kvguard_kv_capacity_tokens", {{"dtype", dtype}},
            static_cast<double>(pool.capacity_tokens()));
-  p.One("kvguard_verify_steps_total", "counter", "Decode steps that verified page tables.",
+  p.One("kvguard_verify_steps_total", "counter",
+        "Decode steps that verified page tables (prefill verification is not counted here).",
         gs.steps);
   p.One("kvguard_verify_seconds_total", "counter", "Time spent verifying page tables.",
         gs.verify_ns_total / 1e9);

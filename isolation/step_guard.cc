@@ -16,8 +16,11 @@ int64_t NanosSince(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
-StepGuard::Step::Step(Guard* guard, std::span<const StepSession> sessions)
-    : guard_(guard), sessions_(sessions.begin(), sessions.end()), entries_(sessions.size()) {
+StepGuard::Step::Step(Guard* guard, std::span<const StepSession> sessions, StepKind kind)
+    : guard_(guard),
+      sessions_(sessions.begin(), sessions.end()),
+      entries_(sessions.size()),
+      kind_(kind) {
   // Pin first: what verification sees must stay true for the kernels.
   pin_ = guard_->table().PinStep();
   const auto start = std::chrono::steady_clock::now();
@@ -45,30 +48,13 @@ StepGuard::Step::Step(Step&& other) noexcept
       verify_ns_(other.verify_ns_),
       verified_(other.verified_),
       pages_verified_(other.pages_verified_),
-      finished_(other.finished_)
+      finished_(other.finished_),
+      kind_(other.kind_)
 #if KVGUARD_FAULT_INJECTION
       ,
       faults_(other.faults_)
 #endif
 {
-}
-
-StepGuard::Step& StepGuard::Step::operator=(Step&& other) noexcept {
-  if (this != &other) {
-    ABSL_RAW_CHECK(guard_ == nullptr || finished_, "a step was replaced before its Finish");
-    guard_ = std::exchange(other.guard_, nullptr);
-    sessions_ = std::move(other.sessions_);
-    entries_ = std::move(other.entries_);
-#if KVGUARD_FAULT_INJECTION
-    faults_ = other.faults_;
-#endif
-    pin_ = std::move(other.pin_);
-    verify_ns_ = other.verify_ns_;
-    verified_ = other.verified_;
-    pages_verified_ = other.pages_verified_;
-    finished_ = other.finished_;
-  }
-  return *this;
 }
 
 StepGuard::Step::~Step() {
@@ -118,7 +104,7 @@ void StepGuard::Step::Finish() {
   for (size_t i = 0; i < sessions_.size(); ++i) {
     if (entries_[i].report_at_finish) guard_->Report(*entries_[i].violation, sessions_[i].request);
   }
-  guard_->RecordStep(verify_ns_, verified_, pages_verified_);
+  if (kind_ == StepKind::kDecode) guard_->RecordStep(verify_ns_, verified_, pages_verified_);
 }
 
 }  // namespace kvguard::isolation

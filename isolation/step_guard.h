@@ -15,8 +15,8 @@
 //   3. Finish re-verifies every session still in whose mode is not off (only a broken
 //      allocator can change a grant under the epoch rule; the step's output is then
 //      discarded), unpins, reports the kernel faults and the failed re-verifications, and
-//      adds the step's verification cost to the guard's metrics. After Finish, accepted(i)
-//      says whether session i's results may leave the step.
+//      (decode steps) adds the step's verification cost to the guard's metrics. After Finish,
+//      accepted(i) says whether session i's results may leave the step.
 // A Step destroyed without Finish is a CHECK failure: no step's result may leave unverified.
 #ifndef KVGUARD_ISOLATION_STEP_GUARD_H_
 #define KVGUARD_ISOLATION_STEP_GUARD_H_
@@ -37,6 +37,10 @@ namespace kvguard::isolation {
 // read it (in token order; while the session is in the step, the span must stay valid and
 // unchanged until Finish, which verifies it again), and the request id its audit records
 // name.
+// A prefill verifies one page table per prompt; the guard's step metrics (GuardStats::steps,
+// verify time, pages verified; /metrics) count decode steps, whose cost is paid per token.
+enum class StepKind { kDecode, kPrefill };
+
 struct StepSession {
   Owner owner;
   std::span<const PageGrant> grants;
@@ -59,7 +63,7 @@ class StepGuard {
   class Step {
    public:
     Step(Step&& other) noexcept;
-    Step& operator=(Step&& other) noexcept;
+    Step& operator=(Step&& other) = delete;
     Step(const Step&) = delete;
     Step& operator=(const Step&) = delete;
     ~Step();  // CHECK: Finish ran (or the step was moved from)
@@ -94,7 +98,7 @@ class StepGuard {
       std::optional<Violation> violation;
       bool report_at_finish = false;  // a kernel fault, described at Finish
     };
-    Step(Guard* guard, std::span<const StepSession> sessions);
+    Step(Guard* guard, std::span<const StepSession> sessions, StepKind kind);
 
     Guard* guard_ = nullptr;  // null once moved from
     std::vector<StepSession> sessions_;
@@ -102,15 +106,16 @@ class StepGuard {
     OwnershipTable::StepPin pin_;
     int64_t verify_ns_ = 0, verified_ = 0, pages_verified_ = 0;
     bool finished_ = false;
+    StepKind kind_ = StepKind::kDecode;
 #if KVGUARD_FAULT_INJECTION
     StepFaults faults_;
 #endif
   };
 
-  // Begin starts a step over `sessions` (steps 1 of the file comment). Begin with no
-  // sessions is allowed and still pins.
-  Step Begin(std::span<const StepSession> sessions) {
-    Step step(guard_, sessions);
+  // Begin starts a step over `sessions` (step 1 of the file comment). Begin with no sessions
+  // is allowed and still pins.
+  Step Begin(std::span<const StepSession> sessions, StepKind kind = StepKind::kDecode) {
+    Step step(guard_, sessions, kind);
 #if KVGUARD_FAULT_INJECTION
     step.faults_ = faults_;
 #endif

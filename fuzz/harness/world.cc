@@ -381,6 +381,7 @@ void World::RefreshPresented(Request& q) {
   // table in place: a table corrupted mid-step is what they, and the re-verification, see.
   if (!q.step) return;
   const std::vector<PageGrant> now = Presented(q);
+  if (now.size() != q.presented.size()) Fail("harness", "a page table changed size mid-step");
   std::copy(now.begin(), now.end(), q.presented.begin());
 }
 
@@ -471,7 +472,9 @@ void World::Complete(Request& q) {
 void World::BeginStep(Request& q) {
   q.presented = Presented(q);
   const isolation::StepSession session{q.owner, q.presented, q.owner.session};
-  q.step.emplace(step_guard_->Begin(std::span(&session, 1)));
+  const isolation::StepKind kind = q.phase == Phase::kPrefillVerify ? isolation::StepKind::kPrefill
+                                                                    : isolation::StepKind::kDecode;
+  q.step.emplace(step_guard_->Begin(std::span(&session, 1), kind));
   q.ticket = next_ticket_++;
   pins_.push_back(q.ticket);
   q.step_mode = q.step->mode(0);

@@ -124,6 +124,11 @@ TEST(ModelTest, PrefillChecksItsWritePagesBeforeEveryLayer) {
     ASSERT_TRUE(pool->table().GrantMany(owner, 2, &pages).ok());
     std::vector<int> tokens(20);  // two pages of 16
     for (int i = 0; i < 20; ++i) tokens[size_t(i)] = 1 + i;
+    // The model is shared by the binary's tests: the hook goes when this scope ends, however.
+    struct HookReset {
+      Model& m;
+      ~HookReset() { m.set_layer_hook(nullptr); }
+    } reset{model};
     model.set_layer_hook([&](int layer) {
       if (release && layer == 1) {
         EXPECT_FALSE(pool->table().Release(owner, pages[1], false).has_value());
@@ -132,7 +137,6 @@ TEST(ModelTest, PrefillChecksItsWritePagesBeforeEveryLayer) {
     std::vector<float> logits(size_t(model.config().vocab_size));
     int32_t fault = -1;
     ASSERT_TRUE(model.Prefill(tokens, pages, *pool, logits.data(), nullptr, &fault).ok());
-    model.set_layer_hook(nullptr);
     EXPECT_EQ(fault, release ? 1 : -1);
     // Page 1's bytes: layer 0 was written (before the release); from layer 1 on, nothing.
     const auto* base = static_cast<const uint8_t*>(pool->LayerView(0).k);

@@ -29,6 +29,13 @@ def complete(server, tenant, max_tokens, results):
         results.append(e)
 
 
+@pytest.fixture(autouse=True)
+def unpaced(limited):
+    """Every test leaves the shared server's engine unpaced, even when it fails midway."""
+    yield
+    limited.pace(prefill=None, decode=None)
+
+
 def held(server, requests):
     """Starts (tenant, max_tokens) requests with decoding paused and waits until all of them
     are in the decode batch: in flight, holding their pages, until the test resumes decoding."""
