@@ -270,13 +270,15 @@ bool Engine::PrefillCanStartLocked() const {
 
 std::optional<size_t> Engine::NextAdmissionLocked() const {
   if (waiting_.empty()) return std::nullopt;
-  std::vector<SchedRequest> waiting, in_flight;
-  waiting.reserve(waiting_.size());
-  for (const Request* r : waiting_) waiting.push_back(DescribeLocked(r));
+  // Evaluated at every wake-up of the prefill worker (each decode step notifies): the
+  // descriptions go into buffers kept across calls rather than fresh allocations.
+  sched_waiting_.clear();
+  sched_in_flight_.clear();
+  for (const Request* r : waiting_) sched_waiting_.push_back(DescribeLocked(r));
   for (const auto* list : {&prefilling_, &handed_over_, &running_}) {
-    for (const Request* r : *list) in_flight.push_back(DescribeLocked(r));
+    for (const Request* r : *list) sched_in_flight_.push_back(DescribeLocked(r));
   }
-  return scheduler_.Admit(waiting, in_flight, pool_->table().free_pages());
+  return scheduler_.Admit(sched_waiting_, sched_in_flight_, pool_->table().free_pages());
 }
 
 SchedRequest Engine::DescribeLocked(const Request* r) const {

@@ -242,6 +242,9 @@ class Engine {
   bool decode_parked_ ABSL_GUARDED_BY(mu_) = false;
   // Admission, preemption and the admission ratio are decided here (no threads inside).
   Scheduler scheduler_ ABSL_GUARDED_BY(mu_);
+  // NextAdmissionLocked's descriptions of the waiting and in-flight requests (scratch).
+  mutable std::vector<SchedRequest> sched_waiting_ ABSL_GUARDED_BY(mu_);
+  mutable std::vector<SchedRequest> sched_in_flight_ ABSL_GUARDED_BY(mu_);
   // NextAdmissionLocked: the index into waiting_ of the request to admit now, if any.
   std::optional<size_t> NextAdmissionLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // DescribeLocked: what the scheduler knows of r (waiting: its prefill ahead).
