@@ -17,20 +17,6 @@ double Seconds(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
 }
 
-// ParkUntil waits on the engine's condition variable until `can_start` holds, with *parked
-// set while it waits (Engine::WaitUntilSettled reads it). Waiters are woken once, when the
-// worker parks, not on every spurious wake-up: two parked workers must not wake each other
-// back and forth.
-template <typename Pred>
-void ParkUntil(std::unique_lock<std::mutex>& lock, std::condition_variable& cv, bool* parked,
-               Pred can_start) {
-  if (can_start()) return;
-  *parked = true;
-  cv.notify_all();
-  cv.wait(lock, can_start);
-  *parked = false;
-}
-
 SchedulerOptions SchedulerOptionsOf(const EngineOptions& o) {
   SchedulerOptions s;
   s.max_batch = o.max_batch;
@@ -38,6 +24,7 @@ SchedulerOptions SchedulerOptionsOf(const EngineOptions& o) {
   s.admission_ratio = o.admission_ratio;
   s.admission_ratio_min = o.admission_ratio_min;
   s.admission_ratio_decay = o.admission_ratio_decay;
+  s.step_tokens = o.step_tokens;
   return s;
 }
 
@@ -73,7 +60,7 @@ struct Engine::Request {
         sampler(req.sampling),
         stop(*StopMatcher::Create(req.stop)) {}  // validated by Submit
 
-  enum class State { kWaiting, kPrefilling, kHandedOver, kRunning, kDone };
+  enum class State { kWaiting, kPrefilling, kRunning, kDone };
 
   RequestId id;
   GenerationRequest req;
@@ -98,6 +85,10 @@ struct Engine::Request {
   int PrefillLength() const {
     return generated == 0 ? prompt_len : static_cast<int>(tokens.size()) - 1;
   }
+  // PrefillLeft: prompt tokens not yet in the cache (prefilling; 0 once it decodes).
+  int PrefillLeft() const {
+    return state == State::kPrefilling ? PrefillLength() - pages.kv_len() : 0;
+  }
 };
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Model> model,
@@ -112,6 +103,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Model> mo
         absl::StrCat("max_batch ", options.max_batch, " must be in [1, ", kMaxDecodeBatch, "]"));
   }
   if (absl::Status st = SchedulerOptionsOf(options).Validate(); !st.ok()) return st;
+  if (options.threads < 1 || options.threads > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("threads ", options.threads, " must be in [1, 256]"));
+  }
   if (pool->dtype() == kernels::KvDtype::kFp8E4m3 && !pool->has_fp8_scales()) {
     if (model->fp8_k_scales().empty()) {
       return absl::FailedPreconditionError(
@@ -138,13 +133,11 @@ Engine::Engine(std::shared_ptr<Model> model, std::shared_ptr<const Tokenizer> to
       guard_(std::move(guard)),
       step_guard_(guard_.get()),
       options_(options),
-      prefill_pool_(options.prefill_threads),
-      decode_pool_(options.decode_threads),
+      kernel_pool_(options.threads),
       scheduler_(SchedulerOptionsOf(options)) {
   stats_.total_pages = pool_->num_pages();
-  if (options_.start_paused) prefill_allowance_ = decode_allowance_ = 0;
-  prefill_thread_ = std::thread([this] { PrefillLoop(); });
-  decode_thread_ = std::thread([this] { DecodeLoop(); });
+  if (options_.start_paused) admission_allowance_ = decode_allowance_ = 0;
+  thread_ = std::thread([this] { StepLoop(); });
 }
 
 Engine::~Engine() {
@@ -154,8 +147,7 @@ Engine::~Engine() {
     for (auto& [id, r] : requests_) r->cancelled = true;
     cv_.notify_all();
   }
-  prefill_thread_.join();
-  decode_thread_.join();
+  thread_.join();
   std::unique_lock<std::mutex> lock(mu_);
   for (auto& [id, r] : requests_) {
     if (r->state != Request::State::kDone) FinishLocked(r.get(), FinishReason::kCancelled, {});
@@ -223,8 +215,7 @@ void Engine::Cancel(RequestId id) {
     waiting_.erase(std::find(waiting_.begin(), waiting_.end(), r));
     FinishLocked(r, FinishReason::kCancelled, {});
   }
-  // Prefilling, handed over or running: the worker that holds it finishes it (a paused decode
-  // worker too: DecodeCanStartLocked).
+  // In flight: the engine thread finishes it before its next step (paused too: CanStepLocked).
   cv_.notify_all();
 }
 
@@ -247,38 +238,44 @@ absl::StatusOr<GenerationResult> Engine::Wait(RequestId id) {
   return result;
 }
 
-void Engine::Allow(EngineWorker worker, int64_t units) {
+void Engine::Allow(EngineWork work, int64_t units) {
   ABSL_RAW_CHECK(units >= kUnlimitedWork, "Engine::Allow: units must be >= 0 or kUnlimitedWork");
   std::unique_lock<std::mutex> lock(mu_);
-  (worker == EngineWorker::kPrefill ? prefill_allowance_ : decode_allowance_) = units;
+  (work == EngineWork::kAdmissions ? admission_allowance_ : decode_allowance_) = units;
   cv_.notify_all();
 }
 
 void Engine::WaitUntilSettled() {
   std::unique_lock<std::mutex> lock(mu_);
-  // A parked worker whose predicate has since become true is about to wake: not settled yet.
+  // Parked, but with a step it may now start: about to wake, not settled yet.
   cv_.wait(lock, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stopping_ || (prefill_parked_ && !PrefillCanStartLocked() && decode_parked_ &&
-                         !DecodeCanStartLocked());
+    return stopping_ || (parked_ && !CanStepLocked());
   });
 }
 
-bool Engine::PrefillCanStartLocked() const {
+bool Engine::CanStepLocked() const {
   if (stopping_) return true;
-  return prefill_allowance_ != 0 && NextAdmissionLocked().has_value();
+  if (std::any_of(in_flight_.begin(), in_flight_.end(),
+                  [](const Request* r) { return r->cancelled; })) {
+    return true;
+  }
+  if (in_flight_.empty() && (waiting_.empty() || admission_allowance_ == 0)) return false;
+  const StepPlan plan = PlanLocked();
+  return plan.runs() || !plan.preempt.empty();
 }
 
-std::optional<size_t> Engine::NextAdmissionLocked() const {
-  if (waiting_.empty()) return std::nullopt;
-  // Evaluated at every wake-up of the prefill worker (each decode step notifies): the
-  // descriptions go into buffers kept across calls rather than fresh allocations.
+StepPlan Engine::PlanLocked() const {
+  // Evaluated at every wake-up of the engine thread: the descriptions go into buffers kept
+  // across calls rather than fresh allocations.
+  sched_running_.clear();
   sched_waiting_.clear();
-  sched_in_flight_.clear();
-  for (const Request* r : waiting_) sched_waiting_.push_back(DescribeLocked(r));
-  for (const auto* list : {&prefilling_, &handed_over_, &running_}) {
-    for (const Request* r : *list) sched_in_flight_.push_back(DescribeLocked(r));
+  for (const Request* r : in_flight_) sched_running_.push_back(DescribeLocked(r));
+  if (admission_allowance_ != 0) {
+    for (const Request* r : waiting_) sched_waiting_.push_back(DescribeLocked(r));
   }
-  return scheduler_.Admit(sched_waiting_, sched_in_flight_, pool_->table().free_pages());
+  return scheduler_.Schedule(
+      sched_running_, sched_waiting_, pool_->table().free_pages(),
+      StepLimits{.decode = decode_allowance_ != 0, .admissions = admission_allowance_});
 }
 
 SchedRequest Engine::DescribeLocked(const Request* r) const {
@@ -290,24 +287,18 @@ SchedRequest Engine::DescribeLocked(const Request* r) const {
   s.prefill_pages = r->pages.PagesFor(r->PrefillLength());
   s.most_pages =
       r->pages.PagesFor(std::min(r->prompt_len + r->req.max_tokens, model_->config().max_context));
+  s.prefill_tokens = r->state == Request::State::kWaiting ? r->PrefillLength() : r->PrefillLeft();
+  s.grow_pages = r->state == Request::State::kRunning && r->pages.needs_page() ? 1 : 0;
   return s;
-}
-
-bool Engine::DecodeCanStartLocked() const {
-  if (stopping_) return true;
-  if (decode_allowance_ != 0) return !running_.empty() || !handed_over_.empty();
-  // Paused: no step, but cancelled requests still leave (a draining server cancels them).
-  auto cancelled = [](const Request* r) { return r->cancelled; };
-  return std::any_of(running_.begin(), running_.end(), cancelled) ||
-         std::any_of(handed_over_.begin(), handed_over_.end(), cancelled);
 }
 
 EngineStats Engine::stats() const {
   std::unique_lock<std::mutex> lock(mu_);
   EngineStats s = stats_;
   s.queued = static_cast<int>(waiting_.size());
-  s.prefilling = static_cast<int>(prefilling_.size());
-  s.running = static_cast<int>(running_.size() + handed_over_.size());
+  for (const Request* r : in_flight_) {
+    (r->state == Request::State::kPrefilling ? s.prefilling : s.running) += 1;
+  }
   s.free_pages = pool_->table().free_pages();
   s.admission_ratio = scheduler_.ratio();
   s.admission_usage = scheduler_.usage();
@@ -321,7 +312,7 @@ bool Engine::ScrubOnReleaseLocked(Request* r) {
   r->ever_strict = false;
 #if KVGUARD_FAULT_INJECTION
   r->pages.set_faults(SessionFaults{.double_release = faults_.double_release == r->id,
-                                    .handover_cancelled = faults_.handover_cancelled});
+                                    .cancelled_continues = faults_.cancelled_continues});
 #endif
   return scrub;
 }
@@ -382,7 +373,7 @@ void Engine::FinishLocked(Request* r, FinishReason reason, absl::Status status) 
   r->result.status = std::move(status);
   r->state = Request::State::kDone;
   ++stats_.finished;
-  cv_.notify_all();  // waiters on this request; the prefill worker (pages came free)
+  cv_.notify_all();  // waiters on this request
 }
 
 bool Engine::AcceptTokenLocked(Request* r, int token) {
@@ -427,122 +418,61 @@ void Engine::CheckAccountingLocked() {
                  "pages held by requests != pages in use in the pool");
 }
 
-void Engine::PrefillLoop() {
-  const ModelConfig& c = model_->config();
-  std::vector<float> logits(c.vocab_size);
-  for (;;) {
-    Request* r = nullptr;
-    int n = 0;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      ParkUntil(lock, cv_, &prefill_parked_,
-                [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return PrefillCanStartLocked(); });
-      if (stopping_) return;
-      if (prefill_allowance_ > 0) --prefill_allowance_;
-      const size_t next = *NextAdmissionLocked();  // PrefillCanStartLocked said there is one
-      r = waiting_[next];
-      waiting_.erase(waiting_.begin() + static_cast<ptrdiff_t>(next));
-      scheduler_.Admitted(r->owner.tenant);
-      n = r->PrefillLength();
-      if (r->pages.PagesFor(n) + options_.reserve_pages > pool_->num_pages()) {
-        FinishLocked(r, FinishReason::kError,
-                     absl::ResourceExhaustedError("sequence outgrew the whole KV pool"));
-        continue;
-      }
-      const absl::Status granted = r->pages.GrantFor(n);
-      if (!granted.ok()) {  // e.g. the tag key failed: the request fails, the engine goes on
-        FinishLocked(r, FinishReason::kError, granted);
-        continue;
-      }
-      // Strict now, while it holds pages: its pages are scrubbed at release whatever the mode
-      // then (the step below reads the mode again, for what it writes).
-      r->ever_strict = r->ever_strict || guard_->mode(r->owner.tenant) == isolation::Mode::kStrict;
-      r->state = Request::State::kPrefilling;
-      prefilling_.push_back(r);
-      if (!r->admitted_once) {
-        r->admitted_once = true;
-        r->result.queue_seconds = Seconds(r->submitted, Clock::now());
-      }
-    }
-    // The model runs without the engine lock: only this thread touches r's pages meanwhile.
-    // The step (isolation/step_guard.h) pins an epoch and verifies the fresh page table before
-    // prefill writes into it; prefill checks each page's tag before every layer's writes,
-    // whatever the mode, as the decode kernels do; Finish re-verifies before the first token
-    // leaves.
-    const isolation::StepSession session{r->owner, r->pages.grants(), r->id};
-    isolation::StepGuard::Step step =
-        step_guard_.Begin(std::span(&session, 1), isolation::StepKind::kPrefill);
-    absl::Status status;
-#if KVGUARD_FAULT_INJECTION
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (faults_.release_during_prefill == r->id && step.in(0)) {
-        // The bug: a racing path releases a page the prefill is about to write into.
-        pool_->table().Release(r->owner, r->pages.grants().front(), false);
-      }
-    }
-#endif
-    if (step.in(0)) {
-      int32_t tag_fault = -1;
-      status = model_->Prefill(std::span<const int>(r->tokens.data(), size_t(n)), r->pages.grants(),
-                               *pool_, logits.data(), &prefill_pool_,
-                               step.check_tags(0) ? &tag_fault : nullptr);
-      if (tag_fault >= 0) step.KernelFault(0, tag_fault);
-    }
-    std::unique_lock<std::mutex> lock(mu_);
-    step.Finish();
-    // Scrub on release if the tenant was strict when this step wrote into the pages.
-    r->ever_strict = r->ever_strict || step.mode(0) == isolation::Mode::kStrict;
-    cv_.notify_all();  // unpinning may have freed pages others wait for
-    prefilling_.clear();
-#if KVGUARD_FAULT_INJECTION
-    if (faults_.cancel_in_prefill == r->id) r->cancelled = true;
-#endif
-    if (!step.accepted(0)) {
-      AbortLocked(r, *step.violation(0));
-      continue;
-    }
-    // The handover consumes the cancel flag: a request cancelled during prefill releases its
-    // pages there and finishes.
-    std::vector<isolation::Violation> refused;
-    const bool cancelled = std::exchange(r->cancelled, false);
-    if (!r->pages.HandOver(cancelled, cancelled && ScrubOnReleaseLocked(r), &refused)) {
-      for (const isolation::Violation& v : refused) guard_->Report(v, r->id);
-      FinishLocked(r, FinishReason::kCancelled, {});
-      continue;
-    }
-    if (!status.ok()) {
-      FinishLocked(r, FinishReason::kError, status);
-      continue;
-    }
-    r->pages.set_kv_len(n);
-    // A new request samples its first token from the prefill logits; a recomputed one
-    // already has its next input (the last token it generated).
-    if (r->generated == 0 && AcceptTokenLocked(r, r->sampler.Sample(logits.data(), c.vocab_size))) {
-      continue;
-    }
-    r->state = Request::State::kHandedOver;
-    handed_over_.push_back(r);
-    cv_.notify_all();
-    if (options_.check_accounting) CheckAccountingLocked();
+bool Engine::AdmitLocked(Request* r) {
+  scheduler_.Admitted(r->owner.tenant);
+  const int n = r->PrefillLength();
+  if (r->pages.PagesFor(n) + options_.reserve_pages > pool_->num_pages()) {
+    FinishLocked(r, FinishReason::kError,
+                 absl::ResourceExhaustedError("sequence outgrew the whole KV pool"));
+    return false;
   }
+  // Pages for the whole prefill at once (admission counted them all); its chunks fill them.
+  const absl::Status granted = r->pages.GrantFor(n);
+  if (!granted.ok()) {  // e.g. the tag key failed: the request fails, the engine goes on
+    FinishLocked(r, FinishReason::kError, granted);
+    return false;
+  }
+  // Strict now, while it holds pages: its pages are scrubbed at release whatever the mode
+  // then (each step reads the mode again, for what it writes).
+  r->ever_strict = r->ever_strict || guard_->mode(r->owner.tenant) == isolation::Mode::kStrict;
+  r->state = Request::State::kPrefilling;
+  if (!r->admitted_once) {
+    r->admitted_once = true;
+    r->result.queue_seconds = Seconds(r->submitted, Clock::now());
+  }
+  return true;
 }
 
-void Engine::DecodeLoop() {
+void Engine::PreemptLocked(Request* r) {
+  ReleasePagesLocked(r);
+  r->state = Request::State::kWaiting;
+  ++r->result.preemptions;
+  ++stats_.preemptions;
+  scheduler_.Preempted();
+  waiting_.push_front(r);
+}
+
+void Engine::StepLoop() {
   const ModelConfig& c = model_->config();
-  std::vector<float> logits(static_cast<size_t>(kMaxDecodeBatch) * c.vocab_size);
-  std::vector<Model::DecodeItem> items;
+  const size_t V = static_cast<size_t>(c.vocab_size);
+  std::vector<float> logits;
+  // One entry per request in the step: its chunk of the forward pass, its session for the
+  // step guard, its tag fault.
   std::vector<Request*> batch;
-  std::vector<int32_t> tag_faults;               // per item
-  std::vector<isolation::StepSession> sessions;  // per batch entry
-  std::vector<size_t> in_step;                   // item j is batch entry in_step[j]
-  Clock::time_point step_start;
+  std::vector<Model::Chunk> chunks;
+  std::vector<isolation::StepSession> sessions;
+  std::vector<int32_t> tag_faults;
+  std::vector<size_t> in_step;  // chunk j of the forward pass is batch entry in_step[j]
+  std::vector<Model::Chunk> run;
+  // The plan's requests, resolved before carrying it out changes in_flight_ and waiting_.
+  std::vector<Request*> admitted, preempted, decoding, continuing;
 #if KVGUARD_FAULT_INJECTION
-  // EngineFaults: request `id`, if it is in this step, loses its first page. Requires mu_.
-  auto release_first_page_of = [&](uint64_t id) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    for (size_t b : in_step) {
-      const Request* r = batch[b];
-      if (r->id == id && r->pages.num_pages() > 0) {
+  // EngineFaults: request `id`, if it is in this step as a decode token (prefill: a prefill
+  // chunk), loses its first page. Requires mu_.
+  auto release_first_page_of = [&](uint64_t id, bool prefill) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    for (size_t j = 0; j < in_step.size(); ++j) {
+      const Request* r = batch[in_step[j]];
+      if (r->id == id && run[j].prefill == prefill && r->pages.num_pages() > 0) {
         pool_->table().Release(r->owner, r->pages.grants().front(), false);
       }
     }
@@ -550,114 +480,137 @@ void Engine::DecodeLoop() {
 #endif
   for (;;) {
     std::optional<isolation::StepGuard::Step> step;  // from verification to acceptance
+    Clock::time_point step_start;
+    bool decodes = false;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      ParkUntil(lock, cv_, &decode_parked_,
-                [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return DecodeCanStartLocked(); });
+      if (!CanStepLocked()) {
+        parked_ = true;
+        cv_.notify_all();  // WaitUntilSettled
+        cv_.wait(lock, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return CanStepLocked(); });
+        parked_ = false;
+      }
       if (stopping_) return;
-      for (Request* r : handed_over_) {
-        r->state = Request::State::kRunning;
-        running_.push_back(r);
-      }
-      handed_over_.clear();
-      // Cancelled requests leave before the step.
-      for (size_t i = 0; i < running_.size();) {
-        if (running_[i]->cancelled) {
-          FinishLocked(running_[i], FinishReason::kCancelled, {});
-          running_.erase(running_.begin() + static_cast<ptrdiff_t>(i));
-        } else {
+      // Cancelled requests leave at the step boundary (the check consumes the flag).
+      for (size_t i = 0; i < in_flight_.size();) {
+        Request* r = in_flight_[i];
+        std::vector<isolation::Violation> refused;
+        const bool cancelled = std::exchange(r->cancelled, false);
+        if (!cancelled ||
+            r->pages.ContinueUnlessCancelled(true, ScrubOnReleaseLocked(r), &refused)) {
           ++i;
+          continue;
         }
+        for (const isolation::Violation& v : refused) guard_->Report(v, r->id);
+        FinishLocked(r, FinishReason::kCancelled, {});
+        in_flight_.erase(in_flight_.begin() + static_cast<ptrdiff_t>(i));
       }
-      if (decode_allowance_ == 0) continue;  // paused (Allow): only the cancelled left
-      // Every request needs a slot for its next token. Oldest first; when the pool is dry
-      // the newest running request is preempted (pages released, recomputed later).
-      for (size_t i = 0; i < running_.size();) {
-        Request* r = running_[i];
+      const StepPlan plan = PlanLocked();
+      // Carry the plan out: preemptions first (their pages go back), then the decoding
+      // requests' next pages, the chunks of prefills under way, and the admissions.
+      batch.clear();
+      chunks.clear();
+      admitted.clear();
+      for (const StepPlan::Chunk& a : plan.admit) admitted.push_back(waiting_[a.index]);
+      decoding.clear();
+      for (size_t i : plan.decode) decoding.push_back(in_flight_[i]);
+      continuing.clear();
+      for (const StepPlan::Chunk& p : plan.prefill) continuing.push_back(in_flight_[p.index]);
+      for (size_t i : plan.preempt) preempted.push_back(in_flight_[i]);
+      for (Request* r : preempted) {
+        in_flight_.erase(std::find(in_flight_.begin(), in_flight_.end(), r));
+        PreemptLocked(r);
+      }
+      preempted.clear();
+      for (Request* r : decoding) {
         const absl::Status grown = r->pages.GrowForNextToken();
-        if (grown.ok()) {
-          ++i;
-          continue;
-        }
-        if (!absl::IsResourceExhausted(grown)) {  // not a dry pool: fail r alone
+        if (!grown.ok()) {  // the table failed r (the plan counted the pages): r fails alone
           FinishLocked(r, FinishReason::kError, grown);
-          running_.erase(running_.begin() + static_cast<ptrdiff_t>(i));
           continue;
         }
-        if (pool_->table().limbo_pages() > 0) {
-          // Pages are coming back as soon as the step pinning them (a prefill) ends: wait for
-          // them rather than throw away another request's KV.
-          cv_.wait(lock, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-            return stopping_ || pool_->table().free_pages() > 0 ||
-                   pool_->table().limbo_pages() == 0;
-          });
-          if (stopping_) return;
-          continue;
-        }
-        std::vector<SchedRequest> described;
-        for (const Request* x : running_) described.push_back(DescribeLocked(x));
-        const size_t v = scheduler_.Victim(described);
-        Request* victim = running_[v];
-        running_.erase(running_.begin() + static_cast<ptrdiff_t>(v));
-        if (v < i) --i;  // r moved down one
-        ReleasePagesLocked(victim);
-        victim->state = Request::State::kWaiting;
-        ++victim->result.preemptions;
-        ++stats_.preemptions;
-        scheduler_.Preempted();
-        waiting_.push_front(victim);
-        cv_.notify_all();
-        // If the victim was r itself, i now names the next request (or the end); otherwise r
-        // tries again.
+        batch.push_back(r);
+        chunks.push_back(Model::Chunk{.tokens = std::span(&r->tokens.back(), 1),
+                                      .pos = r->pages.kv_len(),
+                                      .pages = {},  // the grants, once the step begins
+                                      .prefill = false});
       }
-      if (running_.empty()) continue;
+      auto add_chunk = [&](Request* r, int n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        const int done = r->pages.kv_len();
+        batch.push_back(r);
+        chunks.push_back(Model::Chunk{
+            .tokens = std::span<const int>(r->tokens.data() + done, static_cast<size_t>(n)),
+            .pos = done,
+            .pages = {},
+            .prefill = true,
+            .logits = done + n == r->PrefillLength() && r->generated == 0});
+      };
+      for (size_t k = 0; k < continuing.size(); ++k)
+        add_chunk(continuing[k], plan.prefill[k].tokens);
+      for (size_t k = 0; k < admitted.size(); ++k) {
+        Request* r = admitted[k];
+        waiting_.erase(std::find(waiting_.begin(), waiting_.end(), r));
+        if (admission_allowance_ > 0) --admission_allowance_;
+        if (!AdmitLocked(r)) continue;
+        in_flight_.push_back(r);
+        add_chunk(r, plan.admit[k].tokens);
+      }
+      // Requests that failed above are done: out of in_flight_.
+      std::erase_if(in_flight_, [](const Request* r) { return r->state == Request::State::kDone; });
+      if (batch.empty()) {
+        if (options_.check_accounting) CheckAccountingLocked();
+        continue;
+      }
       // The step (isolation/step_guard.h): pin the epoch, read modes once (a mode change
       // applies from the next step), verify every page table; a request that fails is
-      // aborted alone, before any of its KV is read.
+      // aborted alone, before any of its KV is read or written.
       step_start = Clock::now();
-      batch = running_;
       sessions.clear();
       for (const Request* r : batch) sessions.push_back({r->owner, r->pages.grants(), r->id});
       step.emplace(step_guard_.Begin(sessions));
-      items.clear();
+      run.clear();
       in_step.clear();
       for (size_t b = 0; b < batch.size(); ++b) {
         Request* r = batch[b];
         r->ever_strict = r->ever_strict || step->mode(b) == isolation::Mode::kStrict;
         if (!step->in(b)) {
           AbortLocked(r, *step->violation(b));
-          running_.erase(std::find(running_.begin(), running_.end(), r));
+          in_flight_.erase(std::find(in_flight_.begin(), in_flight_.end(), r));
           continue;
         }
         in_step.push_back(b);
       }
       if (in_step.empty()) {
         step->Finish();
+        if (options_.check_accounting) CheckAccountingLocked();
         continue;
       }
-      stats_.max_running = std::max(stats_.max_running, static_cast<int>(in_step.size()));
-      if (decode_allowance_ > 0) --decode_allowance_;  // the step runs: it uses one unit
       tag_faults.assign(in_step.size(), -1);
       for (size_t j = 0; j < in_step.size(); ++j) {
-        const Request* r = batch[in_step[j]];
-        items.push_back(Model::DecodeItem{r->tokens.back(), r->pages.kv_len(), r->pages.grants(),
-                                          step->check_tags(in_step[j]), &tag_faults[j]});
+        Model::Chunk ch = chunks[in_step[j]];
+        ch.pages = batch[in_step[j]]->pages.grants();
+        ch.check_tags = step->check_tags(in_step[j]);
+        ch.tag_fault = &tag_faults[j];
+        decodes = decodes || !ch.prefill;
+        run.push_back(ch);
       }
+      stats_.max_running = std::max(stats_.max_running, static_cast<int>(in_step.size()));
+      if (decodes && decode_allowance_ > 0) --decode_allowance_;
 #if KVGUARD_FAULT_INJECTION
-      // The bug: a page is released (as by a racing cancel path) after verification, while
-      // the step that reads it is in flight.
-      release_first_page_of(faults_.release_during_step);
+      // The bugs: a page is released (as by a racing cancel path) after verification, while
+      // the step that reads (or writes) it is in flight.
+      release_first_page_of(faults_.release_during_step, false);
+      release_first_page_of(faults_.release_during_prefill, true);
 #endif
     }
-    // The step runs without the engine lock. The batch's requests cannot finish or lose
-    // pages meanwhile: only this thread finishes, preempts or grows running requests
-    // (Cancel only flags them).
-    const absl::Status status = model_->Decode(items, *pool_, logits.data(), &decode_pool_);
+    // The step runs without the engine lock. Its requests cannot finish or lose pages
+    // meanwhile: only this thread finishes, preempts or grows them (Cancel only flags them).
+    logits.resize(run.size() * V);
+    const absl::Status status = model_->Forward(run, *pool_, logits.data(), &kernel_pool_);
     std::unique_lock<std::mutex> lock(mu_);
 #if KVGUARD_FAULT_INJECTION
     // The bug: the page goes back after the kernels read it, before the step's result is
     // accepted (the kernels' own check saw nothing wrong).
-    release_first_page_of(faults_.release_after_kernels);
+    release_first_page_of(faults_.release_after_kernels, false);
 #endif
     for (size_t j = 0; j < in_step.size(); ++j) {
       if (tag_faults[j] >= 0) step->KernelFault(in_step[j], tag_faults[j]);
@@ -665,36 +618,44 @@ void Engine::DecodeLoop() {
     // Re-verify before any result leaves, then unpin (pages released from here on, as by
     // finished requests, are free at once) and report.
     step->Finish();
-    cv_.notify_all();  // unpinning may have freed pages others wait for
-    ++stats_.decode_steps;
-    scheduler_.DecodeStep();
-    stats_.decode_tokens += static_cast<int64_t>(items.size());
-    for (const Model::DecodeItem& it : items) stats_.decode_kv_tokens += it.pos + 1;
+    ++stats_.steps;
+    if (decodes) {
+      ++stats_.decode_steps;
+      scheduler_.DecodeStep();
+    }
     for (size_t j = 0; j < in_step.size(); ++j) {
       Request* r = batch[in_step[j]];
-      bool done = false;
+      const Model::Chunk& ch = run[j];
+      const int n = static_cast<int>(ch.tokens.size());
+      if (ch.prefill) {
+        stats_.prefill_tokens += n;
+      } else {
+        ++stats_.decode_tokens;
+        stats_.decode_kv_tokens += ch.pos + 1;
+      }
+#if KVGUARD_FAULT_INJECTION
+      if (ch.prefill && faults_.cancel_in_prefill == r->id) r->cancelled = true;
+#endif
       if (!step->accepted(in_step[j])) {
-        // The kernels' own check failed after verification passed (nothing of the page was
-        // read or written), or the page table changed during the step: the token is dropped.
+        // Verification or the kernels' own check failed (nothing of a foreign page was read
+        // or written), or the page table changed during the step: the results are dropped.
         // First, whatever the step's status: the violation is already on the record.
         AbortLocked(r, *step->violation(in_step[j]));
-        done = true;
       } else if (!status.ok()) {
         FinishLocked(r, FinishReason::kError, status);
-        done = true;
-      } else {
-        r->pages.set_kv_len(r->pages.kv_len() + 1);
-        if (r->cancelled) {
-          FinishLocked(r, FinishReason::kCancelled, {});
-          done = true;
-        } else {
-          done = AcceptTokenLocked(
-              r, r->sampler.Sample(&logits[j * static_cast<size_t>(c.vocab_size)], c.vocab_size));
-        }
+      } else if (r->pages.set_kv_len(r->pages.kv_len() + n); r->cancelled) {
+        // It leaves at the step boundary, before the next step, with nothing more accepted.
+      } else if (!ch.prefill || r->pages.kv_len() == r->PrefillLength()) {
+        // A decode token, or a prefill's last chunk: the request decodes from now on. A new
+        // request samples its first token from the last chunk's logits; a recomputed one
+        // already has its next input (the last token it generated).
+        r->state = Request::State::kRunning;
+        if (ch.logits) AcceptTokenLocked(r, r->sampler.Sample(&logits[j * V], c.vocab_size));
       }
-      if (done) running_.erase(std::find(running_.begin(), running_.end(), r));
     }
-    stats_.decode_seconds += Seconds(step_start, Clock::now());
+    std::erase_if(in_flight_, [](const Request* r) { return r->state == Request::State::kDone; });
+    if (decodes) stats_.decode_seconds += Seconds(step_start, Clock::now());
+    cv_.notify_all();  // unpinning may have freed pages; results and stats changed
     if (options_.check_accounting) CheckAccountingLocked();
   }
 }

@@ -1,21 +1,20 @@
-// core/engine.h: continuous-batching decode engine over one shared paged KV pool.
+// core/engine.h: continuous-batching engine over one shared paged KV pool.
 //
-// Two worker threads, as in disaggregated serving:
-//   * the prefill worker admits waiting requests as the scheduler (core/scheduler.h) decides:
-//     preempted ones first, then tenants in turn, when the pool holds pages for the prompt
-//     plus a reserve (and the reserved growth); it runs prefill (prefill weights), samples the
-//     first token and hands the request, with its pages, to the decode worker;
-//   * the decode worker runs one batched decode step at a time over every running request
-//     (up to max_batch), granting a new page whenever a request crosses a page boundary. When
-//     the pool runs dry it preempts the running request the scheduler names (the newest): its
-//     pages are released and it goes back to the queue, to be recomputed from its tokens.
+// One engine thread runs steps. Each step is planned by the scheduler (core/scheduler.h) as
+// data: which running requests decode a token, which prompts compute their next chunk, which
+// waiting requests are admitted (and with their first chunk), which are preempted when the
+// pool runs dry (their pages go back; they are recomputed later from their tokens). The step
+// is then one forward pass over that mixed batch (Model::Forward: decode tokens through the
+// decode weights, prefill chunks through the prefill weights, all rows through one layer body,
+// every chunk attending through the paged cache). HTTP threads only submit, cancel and wait.
+//
 // Every page a request holds comes from, and goes back to, the pool's ownership table
-// (isolation/), granted to Owner{tenant, session = request id}. Each prefill and decode step
-// goes through isolation::StepGuard, the one owner of the step protocol: it pins an epoch,
-// verifies every request's page table (unless its tenant's mode is off), has the kernels check
-// tags, re-verifies and reports; a request that fails is aborted alone
-// (FinishReason::kAborted, with the violation) and reported to the audit sink. Nothing here throws;
-// bad requests are refused at Submit.
+// (isolation/), granted to Owner{tenant, session = request id}. Each step goes through
+// isolation::StepGuard, the one owner of the step protocol: it pins an epoch, verifies every
+// request's page table (unless its tenant's mode is off), has the kernels check tags,
+// re-verifies and reports; a request that fails is aborted alone (FinishReason::kAborted, with
+// the violation) and reported to the audit sink. Nothing here throws; bad requests are refused
+// at Submit.
 #ifndef KVGUARD_CORE_ENGINE_H_
 #define KVGUARD_CORE_ENGINE_H_
 
@@ -54,10 +53,12 @@ struct EngineOptions {
   double admission_ratio = 1.0;
   double admission_ratio_min = 0.1;
   double admission_ratio_decay = 1e-3;
-  int decode_threads = 2;   // threads of the decode worker's pool
-  int prefill_threads = 2;  // threads of the prefill worker's pool
-  // Both workers start paused (an allowance of 0, Engine::Allow): tests submit their requests
-  // first and then let the workers run a known number of admissions and decode steps.
+  // The step's token budget (SchedulerOptions::step_tokens): decode tokens plus prefill
+  // chunk tokens; >= max_batch.
+  int step_tokens = 512;
+  int threads = 2;  // threads of the engine's kernel pool (the engine thread among them)
+  // The engine starts paused (allowances of 0, Engine::Allow): tests submit their requests
+  // first and then let it run a known number of admissions and decode steps.
   bool start_paused = false;
   // CHECK pool accounting (free + in use == total, and pages held by requests == pages in
   // use) after every step: on in debug builds (and the asan preset), and in tests.
@@ -73,24 +74,26 @@ struct EngineOptions {
 // EngineFaults make the scheduler misbehave the ways real engines have shipped (test and fuzz
 // builds only; table-level faults are isolation::TableFaults). Verification must catch each.
 struct EngineFaults {
-  uint64_t release_during_step = 0;  // this request's first page is released mid-step
+  uint64_t release_during_step = 0;  // this request's first page is released mid-step (a step
+                                     // in which it decodes)
   // ... or the next request of this tenant submitted from now on (armed inside Submit, so it
   // cannot finish before it is armed).
   std::string release_during_step_next_of_tenant;
-  uint64_t release_during_prefill = 0;  // ... or after its prefill's verification, before
-                                        // prefill writes into it
+  uint64_t release_during_prefill = 0;  // ... or after the verification of a step in which
+                                        // it computes a prefill chunk, before the writes
   uint64_t release_after_kernels = 0;   // ... or after a decode step's kernels ran, before
                                         // the step's re-verification: only that catches it
   uint64_t double_release = 0;          // this request's pages are released twice at finish
-  bool handover_cancelled = false;      // a request cancelled in prefill is released and still
-                                        // handed over to decode with its old page table
-  uint64_t cancel_in_prefill = 0;       // timing, not a bug: this request is cancelled while its
-                                        // prefill runs (deterministically)
+  bool cancelled_continues = false;     // a cancelled request's pages are released at the step
+                                        // boundary, yet it goes on with its old page table
+  uint64_t cancel_in_prefill = 0;       // timing, not a bug: this request is cancelled while a
+                                        // step computes its prefill (deterministically)
 };
 #endif
 
-// The engine's two workers, for pacing (Engine::Allow).
-enum class EngineWorker { kPrefill, kDecode };
+// What Engine::Allow paces: admissions (a waiting request taken in, its first chunk computed
+// in that step) and decode steps (steps in which running requests decode a token).
+enum class EngineWork { kAdmissions, kDecodeSteps };
 inline constexpr int64_t kUnlimitedWork = -1;
 
 // kAborted: an isolation violation (GenerationResult::violation says which).
@@ -123,27 +126,30 @@ struct GenerationResult {
 };
 
 struct EngineStats {
-  int64_t submitted = 0, finished = 0, preemptions = 0, decode_steps = 0, aborted = 0;
+  int64_t submitted = 0, finished = 0, preemptions = 0, aborted = 0;
+  int64_t steps = 0;         // forward passes
+  int64_t decode_steps = 0;  // ... of which decoded at least one token
   int queued = 0, prefilling = 0, running = 0;
-  int max_running = 0;  // most requests decoding at once so far
+  int max_running = 0;  // most requests in one step so far
   int free_pages = 0, total_pages = 0;
-  // Decode steps, summed: wall seconds from the step's verification to its tokens' acceptance
-  // (the decode worker's busy time), requests stepped (= tokens decoded), and KV tokens the
-  // steps' attention read (sum over stepped requests of their length).
+  // Steps that decoded, summed: wall seconds from the step's verification to its results'
+  // acceptance (a mixed step's prefill chunks included), tokens decoded, and KV tokens the
+  // decode tokens' attention read (sum over decoded requests of their length).
   double decode_seconds = 0;
   int64_t decode_tokens = 0, decode_kv_tokens = 0;
+  int64_t prefill_tokens = 0;  // prompt tokens computed (recomputation after preemption included)
   double admission_ratio = 0;  // the ratio admission uses now (EngineOptions::admission_ratio)
   double admission_usage = 0;  // the running estimate of the fraction of max_tokens used
 };
 
 class Engine {
  public:
-  // Create starts the workers. `model` must have FP8 KV scales when pool is FP8.
+  // Create starts the engine thread. `model` must have FP8 KV scales when pool is FP8.
   static absl::StatusOr<std::unique_ptr<Engine>> Create(std::shared_ptr<Model> model,
                                                         std::shared_ptr<const Tokenizer> tokenizer,
                                                         std::unique_ptr<KvPool> pool,
                                                         const EngineOptions& options);
-  ~Engine();  // cancels everything still running and joins the workers
+  ~Engine();  // cancels everything still running and joins the engine thread
 
   // Submit queues a request. InvalidArgument (and nothing queued) for an empty prompt, a
   // prompt that leaves no room in the context, max_tokens < 1, bad sampling parameters or
@@ -153,26 +159,27 @@ class Engine {
   // cannot record.
   absl::StatusOr<RequestId> Submit(GenerationRequest request);
 
-  // Cancel finishes request `id` with kCancelled at the next opportunity (queued, during
-  // prefill, or between decode steps) and releases its pages. Unknown ids are ignored.
+  // Cancel finishes request `id` with kCancelled at the next opportunity (at once if queued,
+  // else after the step in flight) and releases its pages. Unknown ids are ignored.
   void Cancel(RequestId id);
 
   // Wait blocks until `id` finishes and returns its result (once; NotFound after that).
   absl::StatusOr<GenerationResult> Wait(RequestId id);
 
-  // Pacing, for tests and tools that must line work up whatever the threads' speed (the
-  // service leaves both unlimited). Allow lets `worker` start `units` more units of work from
-  // now on, replacing what it had left: admissions (a waiting request taken into prefill) for
-  // kPrefill, decode steps (forward passes over the batch) for kDecode. kUnlimitedWork, the
-  // default, lifts the limit; 0 pauses the worker once the unit in hand is done. A
-  // paused decode worker still finishes the requests it holds as they are cancelled. CHECK:
-  // units >= 0 or kUnlimitedWork.
-  void Allow(EngineWorker worker, int64_t units);
+  // Pacing, for tests and tools that must line work up whatever the thread's speed (the
+  // service leaves both unlimited). Allow lets the engine do `units` more of `work` from now
+  // on, replacing what it had left: admissions (kAdmissions) or steps that decode
+  // (kDecodeSteps). kUnlimitedWork, the default, lifts the limit; 0 stops that work once the
+  // step in flight is done. With decode steps at 0, admitted requests still prefill (and
+  // sample their first token), then hold their pages; cancelled requests still leave (a
+  // draining server cancels them). CHECK: units >= 0 or kUnlimitedWork.
+  void Allow(EngineWork work, int64_t units);
 
-  // WaitUntilSettled blocks until neither worker can start anything: each has used up its
-  // allowance or has nothing it may start (no request to decode; no waiting request, or the
-  // one the scheduler picks does not fit yet). Then no step is in flight and no page waits out an
-  // epoch, and the engine stays so until a Submit, Cancel or Allow. Returns at once while stopping.
+  // WaitUntilSettled blocks until the engine can start no step: it has nothing to run within
+  // its allowances (nothing in flight may decode or prefill, and the request whose turn it is
+  // does not fit yet, or no admission is allowed). Then no step is in flight and no page waits
+  // out an epoch, and the engine stays so until a Submit, Cancel or Allow. Returns at once
+  // while stopping.
   void WaitUntilSettled();
 
   EngineStats stats() const;
@@ -190,14 +197,19 @@ class Engine {
   Engine(std::shared_ptr<Model> model, std::shared_ptr<const Tokenizer> tokenizer,
          std::unique_ptr<KvPool> pool, std::unique_ptr<isolation::Guard> guard,
          const EngineOptions& options);
-  void PrefillLoop();
-  void DecodeLoop();
-  // PrefillCanStartLocked: the prefill worker may admit the waiting request the scheduler
-  // picks now (or the engine is stopping). DecodeCanStartLocked: the decode worker has
-  // requests to step and allowance to step them, or (paused) cancelled requests to let go, or
-  // the engine is stopping.
-  bool PrefillCanStartLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool DecodeCanStartLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StepLoop();
+  // CanStepLocked: the engine thread has a step to run (PlanLocked plans something), or
+  // cancelled requests to let go, or it is stopping.
+  bool CanStepLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // PlanLocked asks the scheduler for the next step over in_flight_ and waiting_ (their
+  // descriptions go into sched_running_ / sched_waiting_, kept across calls).
+  StepPlan PlanLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // DescribeLocked: what the scheduler knows of r.
+  SchedRequest DescribeLocked(const Request* r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Admit takes waiting request r in (grants its prefill's pages); false if it failed, and
+  // finished with the reason.
+  bool AdmitLocked(Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PreemptLocked(Request* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Finish records the outcome, releases pages and wakes waiters. Requires mu_.
   void FinishLocked(Request* r, FinishReason reason, absl::Status status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -215,13 +227,12 @@ class Engine {
   std::shared_ptr<const Tokenizer> tokenizer_;
   std::unique_ptr<KvPool> pool_;
   std::unique_ptr<isolation::Guard> guard_;
-  isolation::StepGuard step_guard_;  // every prefill and decode step goes through it
+  isolation::StepGuard step_guard_;  // every step goes through it
   EngineOptions options_;
-  kernels::ThreadPool prefill_pool_;
-  kernels::ThreadPool decode_pool_;
+  kernels::ThreadPool kernel_pool_;
 
   // One lock and one condition variable for all engine state; every change that another
-  // thread may wait for (queue, pool pages, handover, completion) notifies cv_. std::mutex
+  // thread may wait for (queue, pacing, cancellation, completion) notifies cv_. std::mutex
   // rather than absl::Mutex: Debian's Abseil is not built with ThreadSanitizer, so TSan
   // cannot see absl::Mutex's synchronisation and the tsan preset would report false races.
   mutable std::mutex mu_;
@@ -231,31 +242,24 @@ class Engine {
   absl::flat_hash_map<RequestId, std::unique_ptr<Request>> requests_ ABSL_GUARDED_BY(mu_);
   // Arrival order, preempted at the front; the scheduler picks which is admitted next.
   std::deque<Request*> waiting_ ABSL_GUARDED_BY(mu_);
-  std::vector<Request*> handed_over_ ABSL_GUARDED_BY(mu_);  // prefilled, not yet running
-  std::vector<Request*> running_ ABSL_GUARDED_BY(mu_);      // decode worker's batch
-  std::vector<Request*> prefilling_ ABSL_GUARDED_BY(mu_);   // the prefill worker's (<= 1)
-  // Engine::Allow: units of work each worker may still start (kUnlimitedWork: no limit), and
-  // whether it is waiting for work it may start (WaitUntilSettled).
-  int64_t prefill_allowance_ ABSL_GUARDED_BY(mu_) = kUnlimitedWork;
+  // Admitted and not finished, in admission order: prefilling (their prompt not all in the
+  // cache yet) or decoding.
+  std::vector<Request*> in_flight_ ABSL_GUARDED_BY(mu_);
+  // Engine::Allow: admissions and decode steps the engine may still start (kUnlimitedWork: no
+  // limit), and whether the engine thread waits for a step it may start (WaitUntilSettled).
+  int64_t admission_allowance_ ABSL_GUARDED_BY(mu_) = kUnlimitedWork;
   int64_t decode_allowance_ ABSL_GUARDED_BY(mu_) = kUnlimitedWork;
-  bool prefill_parked_ ABSL_GUARDED_BY(mu_) = false;
-  bool decode_parked_ ABSL_GUARDED_BY(mu_) = false;
-  // Admission, preemption and the admission ratio are decided here (no threads inside).
+  bool parked_ ABSL_GUARDED_BY(mu_) = false;
+  // Every scheduling decision is made here (no threads inside).
   Scheduler scheduler_ ABSL_GUARDED_BY(mu_);
-  // NextAdmissionLocked's descriptions of the waiting and in-flight requests (scratch).
+  mutable std::vector<SchedRequest> sched_running_ ABSL_GUARDED_BY(mu_);
   mutable std::vector<SchedRequest> sched_waiting_ ABSL_GUARDED_BY(mu_);
-  mutable std::vector<SchedRequest> sched_in_flight_ ABSL_GUARDED_BY(mu_);
-  // NextAdmissionLocked: the index into waiting_ of the request to admit now, if any.
-  std::optional<size_t> NextAdmissionLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // DescribeLocked: what the scheduler knows of r (waiting: its prefill ahead).
-  SchedRequest DescribeLocked(const Request* r) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   EngineStats stats_ ABSL_GUARDED_BY(mu_);
 #if KVGUARD_FAULT_INJECTION
   EngineFaults faults_ ABSL_GUARDED_BY(mu_);
 #endif
 
-  std::thread prefill_thread_;
-  std::thread decode_thread_;
+  std::thread thread_;
 };
 
 }  // namespace kvguard::core

@@ -242,6 +242,7 @@ struct Scratch {
   std::vector<float> att;      // [rows, n_heads, head_dim] attention output
   std::vector<float> proj;     // [rows, dim] block output before the residual add
   std::vector<float> gate_up;  // [rows, 2 ffn_dim]: gate, then up (see SiluGate)
+  std::vector<float> head;     // [chunks with logits, vocab]: the output matmul's, packed
 };
 
 void Embed(const std::vector<float>& table, int dim, const int* tokens, int rows, float* x) {
@@ -255,93 +256,181 @@ void Embed(const std::vector<float>& table, int dim, const int* tokens, int rows
 absl::Status Model::Prefill(std::span<const int> tokens, std::span<const PageGrant> pages,
                             KvPool& pool, float* logits, kernels::ThreadPool* tp,
                             int32_t* tag_fault) {
-  if (tag_fault != nullptr) *tag_fault = -1;
+  if (tokens.empty()) return absl::InvalidArgumentError("prefill of an empty sequence");
+  if (static_cast<int>(tokens.size()) > config_.max_context) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sequence of ", tokens.size(), " tokens exceeds the context of ", config_.max_context));
+  }
+  const Chunk chunk{.tokens = tokens,
+                    .pos = 0,
+                    .pages = pages,
+                    .prefill = true,
+                    .logits = true,
+                    .check_tags = tag_fault != nullptr,
+                    .tag_fault = tag_fault};
+  return Forward(std::span(&chunk, 1), pool, logits, tp);
+}
+
+absl::Status Model::Decode(std::span<const DecodeItem> items, KvPool& pool, float* logits,
+                           kernels::ThreadPool* tp) {
+  const int B = static_cast<int>(items.size());
+  if (B < 1 || B > kMaxDecodeBatch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("decode batch of ", B, " (must be 1..", kMaxDecodeBatch, ")"));
+  }
+  std::vector<Chunk> chunks(items.size());
+  for (size_t b = 0; b < items.size(); ++b) {
+    const DecodeItem& it = items[b];
+    chunks[b] = Chunk{.tokens = std::span(&it.token, 1),
+                      .pos = it.pos,
+                      .pages = it.pages,
+                      .prefill = false,
+                      .logits = true,
+                      .check_tags = it.check_tags,
+                      .tag_fault = it.tag_fault};
+  }
+  return Forward(chunks, pool, logits, tp);
+}
+
+namespace {
+
+// StepRows lays a step's chunks out as rows, one per token: decode chunks first, then
+// prefill chunks, so that each matrix runs as (at most) two matmul calls, one per phase's
+// weights. Row i is token `offset[i]` of chunk `chunk[i]`, at position `pos[i]`.
+struct StepRows {
+  std::vector<int> chunk, pos, token;
+  int decode_rows = 0;  // rows [0, decode_rows) use the decode weights, the rest prefill's
+  int size() const { return static_cast<int>(chunk.size()); }
+};
+
+}  // namespace
+
+void Model::MatMulPhases(const QuantizedMatrix* const w[2], const float* x, int decode_rows,
+                         int rows, float* y, kernels::ThreadPool* tp) const {
+  if (w[kPrefill] == w[kDecode]) {  // one format for both phases: one call over every row
+    MatMulRows(*w[kDecode], x, rows, y, tp);
+    return;
+  }
+  if (decode_rows > 0) MatMulRows(*w[kDecode], x, decode_rows, y, tp);
+  if (rows > decode_rows) {
+    MatMulRows(*w[kPrefill], x + size_t(decode_rows) * w[kPrefill]->cols, rows - decode_rows,
+               y + size_t(decode_rows) * w[kPrefill]->rows, tp);
+  }
+}
+
+absl::Status Model::Forward(std::span<const Chunk> chunks, KvPool& pool, float* logits,
+                            kernels::ThreadPool* tp) {
   const ModelConfig& c = config_;
-  const int T = static_cast<int>(tokens.size());
   const int P = pool.page_size();
-  if (T == 0) return absl::InvalidArgumentError("prefill of an empty sequence");
-  if (T > c.max_context) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sequence of ", T, " tokens exceeds the context of ", c.max_context));
+  const int n_chunks = static_cast<int>(chunks.size());
+  if (n_chunks == 0) return absl::InvalidArgumentError("a forward pass over no chunks");
+  // Validate everything before anything is written: a bad chunk fails the whole step.
+  StepRows rows;
+  for (int pass = 0; pass < 2; ++pass) {  // decode chunks, then prefill chunks
+    for (int i = 0; i < n_chunks; ++i) {
+      const Chunk& ch = chunks[size_t(i)];
+      if (ch.prefill != (pass == 1)) continue;
+      const int n = static_cast<int>(ch.tokens.size());
+      if (n == 0) return absl::InvalidArgumentError(absl::StrCat("chunk ", i, " has no tokens"));
+      if (ch.pos < 0 || ch.pos + n > c.max_context) {
+        return absl::InvalidArgumentError(absl::StrCat("chunk ", i, " at positions ", ch.pos, "..",
+                                                       ch.pos + n - 1, " outside the context of ",
+                                                       c.max_context));
+      }
+      if (static_cast<int64_t>(ch.pages.size()) * P < ch.pos + n) {
+        return absl::InvalidArgumentError(absl::StrCat("chunk ", i, " up to position ",
+                                                       ch.pos + n - 1, " given ", ch.pages.size(),
+                                                       " pages of ", P, " tokens"));
+      }
+      for (int t = 0; t < n; ++t) {
+        const int token = ch.tokens[size_t(t)];
+        if (token < 0 || token >= c.vocab_size) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("token id ", token, " outside the vocabulary of ", c.vocab_size));
+        }
+        rows.chunk.push_back(i);
+        rows.pos.push_back(ch.pos + t);
+        rows.token.push_back(token);
+      }
+    }
+    if (pass == 0) rows.decode_rows = rows.size();
   }
-  if (static_cast<int64_t>(pages.size()) * P < T) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("prefill of ", T, " tokens given ", pages.size(), " pages of ", P, " tokens"));
-  }
-  for (int t : tokens) {
-    if (t < 0 || t >= c.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("token id ", t, " outside the vocabulary"));
+  const int R = rows.size();
+  const int hd = c.head_dim, q_dim = c.q_dim();
+
+  // Per chunk: its physical page ids and expected tags (token order), and the first tag fault
+  // any check found (-1: none).
+  std::vector<std::vector<int32_t>> page_ids(static_cast<size_t>(n_chunks));
+  std::vector<std::vector<kernels::PageTag>> expected(static_cast<size_t>(n_chunks));
+  std::vector<int32_t> fault(static_cast<size_t>(n_chunks), -1);
+  for (int i = 0; i < n_chunks; ++i) {
+    const Chunk& ch = chunks[size_t(i)];
+    for (const PageGrant& g : ch.pages) page_ids[size_t(i)].push_back(g.page);
+    if (ch.check_tags) {
+      for (const PageGrant& g : ch.pages) expected[size_t(i)].push_back(g.tag);
     }
   }
-  const int hd = c.head_dim, q_dim = c.q_dim();
-  Scratch s(c, T);
-  Embed(token_embd_, c.dim, tokens.data(), T, s.x.data());
-
-  // Full-precision K and V of this sequence for the attention inside prefill, in the paged
-  // layout the kernel reads (identity page table). One layer at a time.
-  const int n_pages = (T + P - 1) / P;
-  const size_t head_elems = size_t(P) * hd;
-  std::vector<float> kf(size_t(n_pages) * c.n_kv_heads * head_elems);  // [pages, kvh, hd, P]
-  std::vector<float> vf(kf.size());                                    // [pages, kvh, P, hd]
-  std::vector<int32_t> identity(n_pages);
-  std::iota(identity.begin(), identity.end(), 0);
-  kernels::PagedKvView full;
-  full.dtype = kernels::KvDtype::kFp32;
-  full.page_size = P;
-  full.num_kv_heads = c.n_kv_heads;
-  full.head_dim = hd;
-  full.k = kf.data();
-  full.v = vf.data();
-  full.head_stride = static_cast<int64_t>(head_elems);
-  full.page_stride = static_cast<int64_t>(c.n_kv_heads * head_elems);
-  std::vector<kernels::DecodeQuery> queries(T);
-  for (int t = 0; t < T; ++t) {
-    queries[t].q = s.q(c, t);
-    queries[t].page_table = identity.data();
-    queries[t].length = t + 1;  // causal
-    queries[t].out = &s.att[size_t(t) * q_dim];
-  }
-  const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd));
-
-  // The pages this prefill writes into: before each layer's writes, each must still carry
-  // its grant's tag (a page released or re-granted mid-step is never written into).
-  const int write_pages = (T + P - 1) / P;
-  auto pages_changed_hands = [&]() {
-    if (tag_fault == nullptr) return false;
-    for (int i = 0; i < write_pages; ++i) {
-      const PageGrant& g = pages[static_cast<size_t>(i)];
+  // WritePagesChanged: before a layer writes a chunk's K and V, every page it writes into must
+  // still carry its grant's tag; a page that changed hands during the step (only a broken
+  // allocator can do that) is never written into. Checked in every layer, not once.
+  auto write_pages_changed = [&](int i) {
+    const Chunk& ch = chunks[size_t(i)];
+    const int first = ch.pos / P, last = (ch.pos + static_cast<int>(ch.tokens.size()) - 1) / P;
+    for (int p = first; p <= last; ++p) {
+      const PageGrant& g = ch.pages[size_t(p)];
       if (!kernels::PageTagMatches(pool.table().tags(), pool.num_pages(), g.page, g.tag)) {
-        *tag_fault = i;
+        fault[size_t(i)] = p;
         return true;
       }
     }
     return false;
   };
+
+  // Reused across steps by the calling thread (the engine's), resized per call.
+  thread_local Scratch s;
+  s.Resize(c, R);
+  Embed(token_embd_, c.dim, rows.token.data(), R, s.x.data());
+  std::vector<kernels::DecodeQuery> queries(static_cast<size_t>(R));
+  std::vector<int32_t> row_fault(static_cast<size_t>(R),
+                                 -1);  // the attention kernel's, per row and layer
+  for (int r = 0; r < R; ++r) {
+    const int i = rows.chunk[size_t(r)];
+    kernels::DecodeQuery& q = queries[size_t(r)];
+    q.q = s.q(c, r);
+    q.page_table = page_ids[size_t(i)].data();
+    q.length = rows.pos[size_t(r)] + 1;  // causal: earlier chunks and this chunk's earlier rows
+    q.out = &s.att[size_t(r) * q_dim];
+    if (chunks[size_t(i)].check_tags) {
+      q.expected_tags = expected[size_t(i)].data();
+      q.tag_fault = &row_fault[size_t(r)];
+    }
+  }
+  const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int D = rows.decode_rows;
+
+  // The layer body: every row, prefill or decode, goes through the same code.
   for (int l = 0; l < c.n_layers; ++l) {
 #if KVGUARD_FAULT_INJECTION
     if (layer_hook_) layer_hook_(l);
 #endif
-    if (pages_changed_hands()) return absl::OkStatus();
     const Layer& L = layers_[l];
-    for (int t = 0; t < T; ++t) {
-      kernels::RmsNorm(&s.x[size_t(t) * c.dim], L.attn_norm.data(), c.dim, c.norm_eps,
-                       &s.xb[size_t(t) * c.dim]);
+    for (int i = 0; i < n_chunks; ++i) {
+      if (chunks[size_t(i)].check_tags && fault[size_t(i)] < 0) write_pages_changed(i);
     }
-    MatMulRows(*L.qkv[kPrefill], s.xb.data(), T, s.qkv.data(), tp);
-    for (int t = 0; t < T; ++t) {
-      float* kt = s.k(c, t);
-      const float* vt = s.v(c, t);
-      kernels::Rope(s.q(c, t), c.n_heads, hd, t, c.rope_theta);
-      kernels::Rope(kt, c.n_kv_heads, hd, t, c.rope_theta);
-      const int page = t / P, slot = t % P;
-      for (int h = 0; h < c.n_kv_heads; ++h) {
-        float* kd = &kf[(size_t(page) * c.n_kv_heads + h) * head_elems];
-        float* vd = &vf[(size_t(page) * c.n_kv_heads + h) * head_elems + size_t(slot) * hd];
-        for (int d = 0; d < hd; ++d) {
-          kd[size_t(d) * P + slot] = kt[h * hd + d];
-          vd[d] = vt[h * hd + d];
-        }
-        if (calib_k_max_ != nullptr) {
+    // Attention block: x += Wo attention(rope(Wqkv rmsnorm(x))).
+    for (int r = 0; r < R; ++r) {
+      kernels::RmsNorm(&s.x[size_t(r) * c.dim], L.attn_norm.data(), c.dim, c.norm_eps,
+                       &s.xb[size_t(r) * c.dim]);
+    }
+    MatMulPhases(L.qkv, s.xb.data(), D, R, s.qkv.data(), tp);
+    for (int r = 0; r < R; ++r) {
+      const int i = rows.chunk[size_t(r)], pos = rows.pos[size_t(r)];
+      float* kt = s.k(c, r);
+      const float* vt = s.v(c, r);
+      kernels::Rope(s.q(c, r), c.n_heads, hd, pos, c.rope_theta);
+      kernels::Rope(kt, c.n_kv_heads, hd, pos, c.rope_theta);
+      if (calib_k_max_ != nullptr) {
+        for (int h = 0; h < c.n_kv_heads; ++h) {
           float& km = (*calib_k_max_)[size_t(l) * c.n_kv_heads + h];
           float& vm = (*calib_v_max_)[size_t(l) * c.n_kv_heads + h];
           for (int d = 0; d < hd; ++d) {
@@ -350,132 +439,52 @@ absl::Status Model::Prefill(std::span<const int> tokens, std::span<const PageGra
           }
         }
       }
-      pool.WriteToken(l, pages[static_cast<size_t>(page)], slot, kt, vt);
+      if (fault[size_t(i)] >= 0) continue;  // never write into a page that is not the chunk's
+      pool.WriteToken(l, chunks[size_t(i)].pages[size_t(pos / P)], pos % P, kt, vt);
     }
-    kernels::PagedDecodeAttention(full, c.n_heads, softmax_scale, queries.data(), T, tp);
-    MatMulRows(*L.wo[kPrefill], s.att.data(), T, s.proj.data(), tp);
-    for (size_t i = 0; i < s.x.size(); ++i) s.x[i] += s.proj[i];
-
-    for (int t = 0; t < T; ++t) {
-      kernels::RmsNorm(&s.x[size_t(t) * c.dim], L.ffn_norm.data(), c.dim, c.norm_eps,
-                       &s.xb[size_t(t) * c.dim]);
-    }
-    MatMulRows(*L.gate_up[kPrefill], s.xb.data(), T, s.gate_up.data(), tp);
-    MatMulRows(*L.down[kPrefill], s.SiluGate(c, T), T, s.proj.data(), tp);
-    for (size_t i = 0; i < s.x.size(); ++i) s.x[i] += s.proj[i];
-  }
-  const float* last = &s.x[size_t(T - 1) * c.dim];
-  kernels::RmsNorm(last, output_norm_.data(), c.dim, c.norm_eps, s.xb.data());
-  kernels::MatMul(output_[kPrefill]->view(), s.xb.data(), 1, logits, tp);
-  return absl::OkStatus();
-}
-
-absl::Status Model::Decode(std::span<const DecodeItem> items, KvPool& pool, float* logits,
-                           kernels::ThreadPool* tp) {
-  const ModelConfig& c = config_;
-  const int B = static_cast<int>(items.size());
-  const int P = pool.page_size();
-  if (B < 1 || B > kMaxDecodeBatch) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("decode batch of ", B, " (must be 1..", kMaxDecodeBatch, ")"));
-  }
-  std::vector<int> tokens(B);
-  std::vector<std::vector<int32_t>> page_ids(B);           // physical ids, in token order
-  std::vector<std::vector<kernels::PageTag>> expected(B);  // their tags (check_tags only)
-  std::vector<int32_t> fault(B, -1);                       // first tag fault over all layers
-  std::vector<int32_t> layer_fault(B, -1);                 // the kernel's, per layer
-  for (int b = 0; b < B; ++b) {
-    const DecodeItem& it = items[b];
-    if (it.token < 0 || it.token >= c.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("token id ", it.token, " outside vocab"));
-    }
-    if (it.pos < 0 || it.pos >= c.max_context ||
-        static_cast<int64_t>(it.pages.size()) * P <= it.pos) {
-      return absl::InvalidArgumentError(absl::StrCat("decode at position ", it.pos, " with ",
-                                                     it.pages.size(), " pages of ", P, " tokens"));
-    }
-    tokens[b] = it.token;
-    page_ids[b].reserve(it.pages.size());
-    for (const PageGrant& g : it.pages) page_ids[b].push_back(g.page);
-    if (it.check_tags) {
-      for (const PageGrant& g : it.pages) expected[b].push_back(g.tag);
-      // The page the new token goes into is checked before anything is written to it.
-      const int32_t last = it.pos / P;
-      const int32_t page = page_ids[b][static_cast<size_t>(last)];
-      if (!kernels::PageTagMatches(pool.table().tags(), pool.num_pages(), page,
-                                   it.pages[size_t(last)].tag)) {
-        fault[b] = last;
-      }
-    }
-  }
-  const int hd = c.head_dim, q_dim = c.q_dim();
-  // Reused across steps by the calling thread (the engine's decode worker), resized per call.
-  thread_local Scratch s;
-  s.Resize(c, B);
-  Embed(token_embd_, c.dim, tokens.data(), B, s.x.data());
-  std::vector<kernels::DecodeQuery> queries(B);
-  for (int b = 0; b < B; ++b) {
-    queries[b].q = s.q(c, b);
-    queries[b].page_table = page_ids[b].data();
-    queries[b].length = items[b].pos + 1;
-    queries[b].out = &s.att[size_t(b) * q_dim];
-    if (items[b].check_tags) {
-      queries[b].expected_tags = expected[b].data();
-      queries[b].tag_fault = &layer_fault[b];
-    }
-  }
-  const float softmax_scale = 1.0f / std::sqrt(static_cast<float>(hd));
-
-  for (int l = 0; l < c.n_layers; ++l) {
-#if KVGUARD_FAULT_INJECTION
-    if (layer_hook_) layer_hook_(l);
-#endif
-    const Layer& L = layers_[l];
-    for (int b = 0; b < B; ++b) {
-      kernels::RmsNorm(&s.x[size_t(b) * c.dim], L.attn_norm.data(), c.dim, c.norm_eps,
-                       &s.xb[size_t(b) * c.dim]);
-    }
-    kernels::MatMul(L.qkv[kDecode]->view(), s.xb.data(), B, s.qkv.data(), tp);
-    for (int b = 0; b < B; ++b) {
-      const int pos = items[b].pos;
-      float* kt = s.k(c, b);
-      kernels::Rope(s.q(c, b), c.n_heads, hd, pos, c.rope_theta);
-      kernels::Rope(kt, c.n_kv_heads, hd, pos, c.rope_theta);
-      if (fault[b] >= 0) continue;  // never write into a page that is not this item's
-      if (items[b].check_tags) {
-        // Checked again in every layer, right before the write: a page that changed hands
-        // during the step (only a broken allocator can do that) is never written into.
-        const int32_t last = pos / P;
-        if (!kernels::PageTagMatches(pool.table().tags(), pool.num_pages(),
-                                     page_ids[b][size_t(last)], items[b].pages[size_t(last)].tag)) {
-          fault[b] = last;
-          continue;
-        }
-      }
-      pool.WriteToken(l, items[b].pages[static_cast<size_t>(pos / P)], pos % P, kt, s.v(c, b));
-    }
-    kernels::PagedDecodeAttention(pool.LayerView(l), c.n_heads, softmax_scale, queries.data(), B,
+    kernels::PagedDecodeAttention(pool.LayerView(l), c.n_heads, softmax_scale, queries.data(), R,
                                   tp);
-    for (int b = 0; b < B; ++b) {
-      if (fault[b] < 0 && layer_fault[b] >= 0) fault[b] = layer_fault[b];
+    for (int r = 0; r < R; ++r) {
+      int32_t& f = fault[size_t(rows.chunk[size_t(r)])];
+      if (f < 0 && row_fault[size_t(r)] >= 0) f = row_fault[size_t(r)];
     }
-    kernels::MatMul(L.wo[kDecode]->view(), s.att.data(), B, s.proj.data(), tp);
-    for (size_t i = 0; i < s.x.size(); ++i) s.x[i] += s.proj[i];
-    for (int b = 0; b < B; ++b) {
-      kernels::RmsNorm(&s.x[size_t(b) * c.dim], L.ffn_norm.data(), c.dim, c.norm_eps,
-                       &s.xb[size_t(b) * c.dim]);
+    MatMulPhases(L.wo, s.att.data(), D, R, s.proj.data(), tp);
+    for (size_t k = 0; k < size_t(R) * c.dim; ++k) s.x[k] += s.proj[k];
+    // Feed-forward block: x += Wdown (silu(Wgate xb) * Wup xb), xb = rmsnorm(x).
+    for (int r = 0; r < R; ++r) {
+      kernels::RmsNorm(&s.x[size_t(r) * c.dim], L.ffn_norm.data(), c.dim, c.norm_eps,
+                       &s.xb[size_t(r) * c.dim]);
     }
-    kernels::MatMul(L.gate_up[kDecode]->view(), s.xb.data(), B, s.gate_up.data(), tp);
-    kernels::MatMul(L.down[kDecode]->view(), s.SiluGate(c, B), B, s.proj.data(), tp);
-    for (size_t i = 0; i < s.x.size(); ++i) s.x[i] += s.proj[i];
+    MatMulPhases(L.gate_up, s.xb.data(), D, R, s.gate_up.data(), tp);
+    MatMulPhases(L.down, s.SiluGate(c, R), D, R, s.proj.data(), tp);
+    for (size_t k = 0; k < size_t(R) * c.dim; ++k) s.x[k] += s.proj[k];
   }
-  for (int b = 0; b < B; ++b) {
-    kernels::RmsNorm(&s.x[size_t(b) * c.dim], output_norm_.data(), c.dim, c.norm_eps,
-                     &s.xb[size_t(b) * c.dim]);
+
+  // Logits of each chunk's last token that wants them, decode chunks then prefill chunks
+  // (packed into xb's first rows), then scattered to the chunk's own row of `logits`.
+  std::vector<int> out_chunk;  // packed row -> chunk
+  int out_decode = 0;
+  for (int r = 0; r < R; ++r) {
+    const int i = rows.chunk[size_t(r)];
+    const bool last = r + 1 == R || rows.chunk[size_t(r) + 1] != i;
+    if (!last || !chunks[size_t(i)].logits) continue;
+    kernels::RmsNorm(&s.x[size_t(r) * c.dim], output_norm_.data(), c.dim, c.norm_eps,
+                     &s.xb[out_chunk.size() * c.dim]);
+    out_chunk.push_back(i);
+    if (r < D) out_decode = static_cast<int>(out_chunk.size());
   }
-  kernels::MatMul(output_[kDecode]->view(), s.xb.data(), B, logits, tp);
-  for (int b = 0; b < B; ++b) {
-    if (items[b].tag_fault != nullptr) *items[b].tag_fault = fault[b];
+  const int n_out = static_cast<int>(out_chunk.size());
+  if (n_out > 0) {
+    std::vector<float>& packed = s.head;
+    packed.resize(size_t(n_out) * c.vocab_size);
+    MatMulPhases(output_, s.xb.data(), out_decode, n_out, packed.data(), tp);
+    for (int k = 0; k < n_out; ++k) {
+      std::copy_n(&packed[size_t(k) * c.vocab_size], c.vocab_size,
+                  logits + size_t(out_chunk[size_t(k)]) * c.vocab_size);
+    }
+  }
+  for (int i = 0; i < n_chunks; ++i) {
+    if (chunks[size_t(i)].tag_fault != nullptr) *chunks[size_t(i)].tag_fault = fault[size_t(i)];
   }
   return absl::OkStatus();
 }

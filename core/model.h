@@ -65,35 +65,59 @@ class Model {
   // once, the lm head included), excluding the KV cache.
   size_t DecodeWeightBytesPerStep() const;
 
-  // Prefill runs `tokens` at positions 0 .. n-1 of a fresh sequence whose pages are `pages`
-  // (in token order, room for n tokens), writing each token's K and V into them (quantised on
-  // write; the attention inside prefill reads the full-precision K and V), and writes the
-  // logits of the last token to `logits` [vocab]. InvalidArgument if n is 0, exceeds
-  // max_context or the pages' room, or a token is out of the vocabulary.
-  // With `tag_fault` set, every page's current tag is checked against its grant's before each
-  // layer writes into it (the isolation layer's defence in depth, as in Decode): on a mismatch
-  // *tag_fault receives the index into `pages` of the first bad page, nothing more is written,
-  // and the logits are meaningless; else it receives -1.
+  // Chunk is one sequence's share of a forward pass: its tokens at positions pos .. pos + n - 1,
+  // whose pages (in token order) already hold positions 0 .. pos - 1 and have room up to
+  // pos + n - 1. A decode step is a chunk of one token; a prompt is prefilled in one chunk or
+  // in several, over several steps (chunked prefill): each attends over the earlier ones
+  // through the same paged cache and page table as decode.
+  struct Chunk {
+    std::span<const int> tokens;
+    int pos = 0;
+    std::span<const PageGrant> pages;
+    // prefill: the chunk's rows go through the prefill weights (FP8 by default, the
+    // compute-bound phase), else through the decode weights (INT4 by default).
+    bool prefill = false;
+    bool logits = true;  // write the logits of the chunk's last token (its row of `logits`)
+    // check_tags: before every layer's writes, each page the chunk writes into must still
+    // carry its grant's tag, and the attention kernel checks every page's tag against the
+    // grants' before reading it (isolation's defence in depth, after the verifier).
+    // *tag_fault receives -1 if all matched, else the index into `pages` of the first that did
+    // not (nothing more of the chunk was written into or read from a foreign page; its logits
+    // are meaningless).
+    bool check_tags = false;
+    int32_t* tag_fault = nullptr;
+  };
+
+  // Forward runs one step over `chunks` (any mix of decode tokens and prefill chunks of
+  // different sequences; no two may be of one sequence): one layer body for every row, each
+  // matrix multiplied once per phase's weights. Writes each token's K and V into its page
+  // (quantised on write) before the layer's attention reads the cache, so a chunk's tokens
+  // attend to each other causally; writes chunk i's logits, if asked for, to row i of
+  // `logits` [chunks.size(), vocab]. InvalidArgument, with nothing written, for an empty list
+  // or chunk, a position outside the context or the pages' room, or a token outside the
+  // vocabulary.
+  absl::Status Forward(std::span<const Chunk> chunks, KvPool& pool, float* logits,
+                       kernels::ThreadPool* thread_pool);
+
+  // Prefill is Forward over one prefill chunk at position 0 (a fresh sequence), its logits
+  // to `logits` [vocab]. With `tag_fault` set, its tags are checked (Chunk::check_tags).
   absl::Status Prefill(std::span<const int> tokens, std::span<const PageGrant> pages, KvPool& pool,
                        float* logits, kernels::ThreadPool* thread_pool,
                        int32_t* tag_fault = nullptr);
 
   // DecodeItem is one sequence in a decode step: `token` at position `pos`, whose pages (in
-  // token order) already hold positions 0 .. pos-1 and have room for pos.
+  // token order) already hold positions 0 .. pos-1 and have room for pos. check_tags and
+  // tag_fault as in Chunk.
   struct DecodeItem {
     int token = 0;
     int pos = 0;
     std::span<const PageGrant> pages;
-    // check_tags: the kernels check every page's tag against the grants' before reading it
-    // (isolation's defence in depth, after the verifier); *tag_fault receives -1 if all
-    // matched, else the index into `pages` of the first that did not (the item's K and V
-    // were then neither written nor read; its logits are meaningless).
     bool check_tags = false;
     int32_t* tag_fault = nullptr;
   };
 
-  // Decode runs one token for each item (1 <= items.size() <= kMaxDecodeBatch), writes each
-  // token's K and V into its page, and writes logits [items.size(), vocab].
+  // Decode is Forward over one decode chunk per item (1 <= items.size() <= kMaxDecodeBatch);
+  // logits [items.size(), vocab].
   absl::Status Decode(std::span<const DecodeItem> items, KvPool& pool, float* logits,
                       kernels::ThreadPool* thread_pool);
 
@@ -136,6 +160,10 @@ class Model {
   // MatMulRows computes y [rows, w.rows] = x [rows, w.cols] W^T in batches the kernel takes.
   void MatMulRows(const kernels::QuantizedMatrix& w, const float* x, int rows, float* y,
                   kernels::ThreadPool* pool) const;
+  // MatMulPhases multiplies rows [0, decode_rows) of x by w[kDecode] and the rest by
+  // w[kPrefill] (one call over all rows when both phases share the matrix).
+  void MatMulPhases(const kernels::QuantizedMatrix* const w[2], const float* x, int decode_rows,
+                    int rows, float* y, kernels::ThreadPool* pool) const;
 
   ModelConfig config_;
   ModelOptions options_;

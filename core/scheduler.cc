@@ -16,7 +16,18 @@ absl::Status SchedulerOptions::Validate() const {
     return absl::InvalidArgumentError(
         "admission ratio, its minimum and its decay must each be in [0, 1]");
   }
+  if (step_tokens < max_batch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step_tokens ", step_tokens, " must be >= max_batch ", max_batch));
+  }
   return absl::OkStatus();
+}
+
+int StepPlan::tokens() const {
+  int n = static_cast<int>(decode.size());
+  for (const Chunk& c : prefill) n += c.tokens;
+  for (const Chunk& c : admit) n += c.tokens;
+  return n;
 }
 
 int SchedRequest::GrowthPages(bool waiting) const {
@@ -26,16 +37,17 @@ int SchedRequest::GrowthPages(bool waiting) const {
 Scheduler::Scheduler(const SchedulerOptions& options)
     : options_(options), usage_(options.admission_ratio) {}
 
-std::optional<size_t> Scheduler::Candidate(std::span<const SchedRequest> waiting) const {
+std::optional<size_t> Scheduler::Candidate(std::span<const SchedRequest> waiting,
+                                           isolation::TenantId last_tenant) const {
   for (size_t i = 0; i < waiting.size(); ++i) {
     if (waiting[i].preempted) return i;  // the first preempted in queue order, any tenant
   }
-  // Round robin: the first tenant after last_tenant_ (by id, wrapping) that has a request
+  // Round robin: the first tenant after last_tenant (by id, wrapping) that has a request
   // waiting offers its oldest.
   std::optional<size_t> after, first;  // the best candidate after the turn, and overall
   for (size_t i = 0; i < waiting.size(); ++i) {
     const isolation::TenantId t = waiting[i].tenant;
-    if (t > last_tenant_ && (!after || t < waiting[*after].tenant)) after = i;
+    if (t > last_tenant && (!after || t < waiting[*after].tenant)) after = i;
     if (!first || t < waiting[*first].tenant) first = i;
   }
   return after ? after : first;
@@ -44,8 +56,14 @@ std::optional<size_t> Scheduler::Candidate(std::span<const SchedRequest> waiting
 std::optional<size_t> Scheduler::Admit(std::span<const SchedRequest> waiting,
                                        std::span<const SchedRequest> in_flight,
                                        int free_pages) const {
+  return AdmitAfter(waiting, in_flight, free_pages, last_tenant_);
+}
+
+std::optional<size_t> Scheduler::AdmitAfter(std::span<const SchedRequest> waiting,
+                                            std::span<const SchedRequest> in_flight, int free_pages,
+                                            isolation::TenantId last_tenant) const {
   if (in_flight.size() >= static_cast<size_t>(options_.max_batch)) return std::nullopt;
-  const std::optional<size_t> c = Candidate(waiting);
+  const std::optional<size_t> c = Candidate(waiting, last_tenant);
   if (!c) return std::nullopt;
   const SchedRequest& next = waiting[*c];
   int64_t need = int64_t{next.prefill_pages} + options_.reserve_pages;
@@ -57,6 +75,64 @@ std::optional<size_t> Scheduler::Admit(std::span<const SchedRequest> waiting,
   }
   if (free_pages < need) return std::nullopt;
   return c;
+}
+
+StepPlan Scheduler::Schedule(std::span<const SchedRequest> running,
+                             std::span<const SchedRequest> waiting, int free_pages,
+                             StepLimits limits) const {
+  StepPlan plan;
+  std::vector<bool> gone(running.size(), false);  // preempted in this step
+  int64_t free = free_pages;
+  // 1. Decode, oldest first; a dry pool preempts the newest request still in.
+  for (size_t i = 0; i < running.size(); ++i) {
+    const SchedRequest& r = running[i];
+    if (!limits.decode || gone[i] || r.prefill_tokens > 0) continue;
+    while (free < r.grow_pages) {
+      size_t v = running.size();
+      while (v > 0 && gone[v - 1]) --v;
+      // Victim over the requests still in: the newest, which may be r itself (never one
+      // planned already: those are older than r).
+      const size_t victim = v - 1;
+      gone[victim] = true;
+      plan.preempt.push_back(victim);
+      free += running[victim].held_pages;
+      if (victim == i) break;
+    }
+    if (gone[i]) continue;
+    free -= r.grow_pages;
+    plan.decode.push_back(i);
+  }
+  int budget = options_.step_tokens - static_cast<int>(plan.decode.size());
+  // 2. Prefill chunks of requests admitted earlier, oldest first.
+  for (size_t i = 0; i < running.size() && budget > 0; ++i) {
+    if (gone[i] || running[i].prefill_tokens == 0) continue;
+    const int n = std::min(running[i].prefill_tokens, budget);
+    plan.prefill.push_back({i, n});
+    budget -= n;
+  }
+  // 3. Admission, by Admit's rule, against the pages left and everything in flight then.
+  if (!plan.preempt.empty()) return plan;  // the pool just ran dry: nothing more comes in
+  std::vector<SchedRequest> in_flight, queue(waiting.begin(), waiting.end());
+  std::vector<size_t> queue_index(waiting.size());
+  for (size_t i = 0; i < waiting.size(); ++i) queue_index[i] = i;
+  for (const SchedRequest& r : running) in_flight.push_back(r);
+  isolation::TenantId turn = last_tenant_;
+  while (budget > 0 && !queue.empty() &&
+         (limits.admissions < 0 || static_cast<int64_t>(plan.admit.size()) < limits.admissions)) {
+    const std::optional<size_t> a = AdmitAfter(queue, in_flight, static_cast<int>(free), turn);
+    if (!a) break;
+    SchedRequest admitted = queue[*a];
+    const int n = std::min(admitted.prefill_tokens, budget);
+    plan.admit.push_back({queue_index[*a], n});
+    budget -= n;
+    free -= admitted.prefill_pages;
+    turn = admitted.tenant;
+    admitted.held_pages = admitted.prefill_pages;
+    in_flight.push_back(admitted);
+    queue.erase(queue.begin() + static_cast<std::ptrdiff_t>(*a));
+    queue_index.erase(queue_index.begin() + static_cast<std::ptrdiff_t>(*a));
+  }
+  return plan;
 }
 
 void Scheduler::Finished(int generated, int could) {

@@ -1,20 +1,28 @@
 // core/scheduler.h: the engine's scheduling decisions, as data. No threads, no clock and no
-// pages inside: the engine describes its requests and its pool, the scheduler answers, and
-// its tests call it directly, decision by decision (vLLM v1's scheduler is the model).
+// pages inside: the engine describes its requests and its pool, the scheduler answers with a
+// plan for one step, and its tests call it directly, step by step (vLLM v1's scheduler is the
+// model).
 //
-// Decisions:
-//   * Admission: which waiting request starts its (re)prefill now, if any. Preempted requests
-//     come first, in queue order (the engine puts each victim at the front, so the latest is
-//     first, as before the scheduler): their KV was thrown away and they hold the user's
-//     partial output. Then tenants take turns: round robin over the tenants with a waiting request,
-//     starting after the tenant admitted last, each offering its oldest request, so one
-//     tenant's queue cannot starve another's. The request so chosen is admitted when the decode
-//     batch has room and the pool holds its prefill pages plus the reserve and, while other
-//     requests are in flight, ceil(ratio x the pages they and it may still grow into). If it
-//     does not fit it waits, and nothing overtakes it: a long prompt is never starved by short
-//     ones.
-//   * Preemption: when the pool runs dry, the running request admitted last gives its pages
-//     back (it has the least work to recompute, and the oldest finish first).
+// A step (Schedule) is one forward pass over a mixed batch, planned in this order:
+//   1. Decode: every running request whose prompt is in the cache decodes one token, oldest
+//      first, each taking the page its next token needs. When the pool runs dry the request
+//      admitted last (in flight, decoding or still prefilling) is preempted: its pages go
+//      back and it waits again, to be recomputed from its tokens (it has the least work to
+//      recompute, and the oldest finish first). Decode tokens are never held back by the
+//      token budget.
+//   2. Prefill that goes on: requests admitted in earlier steps whose prompt is not all in the
+//      cache compute their next chunk, oldest first, within the step's token budget
+//      (SchedulerOptions::step_tokens) less the decode tokens: a long prompt spreads over
+//      several steps (chunked prefill) and never holds decoding requests back for long.
+//   3. Admission, while budget, batch room and pages last and no request was preempted in this
+//      step: preempted requests come first, in queue order (their KV was thrown away and they
+//      hold the user's partial output); then tenants take turns: round robin over the
+//      tenants with a waiting request, starting after the tenant admitted last, each offering
+//      its oldest request, so one tenant's queue cannot starve another's. The request so
+//      chosen is admitted when the pool holds its whole prefill's pages plus the reserve and,
+//      while other requests are in flight, ceil(ratio x the pages they and it may still grow
+//      into). If it does not fit it waits, and nothing overtakes it: a long prompt is never
+//      starved by short ones. Its first chunk is computed in this step.
 //   * The admission ratio (SchedulerOptions::admission_ratio): the estimate of how much of
 //     max_tokens requests use, raised to 1 by every preemption.
 #ifndef KVGUARD_CORE_SCHEDULER_H_
@@ -24,6 +32,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "isolation/violation.h"
@@ -49,9 +58,14 @@ struct SchedulerOptions {
   double admission_ratio = 1.0;
   double admission_ratio_min = 0.1;
   double admission_ratio_decay = 1e-3;
+  // The step's token budget: decode tokens plus prefill chunk tokens. Prefill chunks take what
+  // the decode tokens leave. Larger steps amortise reading the weights over more tokens;
+  // smaller ones bound how long a step (and so every running request's next token) takes.
+  int step_tokens = 512;
 
-  // Validate: InvalidArgument unless max_batch >= 1, reserve_pages >= 0 and the three ratio
-  // parameters are in [0, 1].
+  // Validate: InvalidArgument unless max_batch >= 1, reserve_pages >= 0, the three ratio
+  // parameters are in [0, 1] and step_tokens >= max_batch (so that a prefill in flight always
+  // has budget beside the decode tokens).
   absl::Status Validate() const;
 };
 
@@ -63,13 +77,46 @@ struct SchedRequest {
   int held_pages = 0;      // in flight: pages it holds now
   int prefill_pages = 0;   // waiting: pages its (re)prefill needs
   int most_pages = 0;      // pages it may ever hold (prompt + max_tokens within the context)
+  // In flight: prompt tokens not yet in the cache (0: it decodes). Waiting: tokens its
+  // (re)prefill computes.
+  int prefill_tokens = 0;
+  int grow_pages = 0;  // in flight and decoding: pages its next token needs (0 or 1)
   // GrowthPages: pages it may still need beyond what it holds (waiting: beyond its prefill).
   int GrowthPages(bool waiting) const;
+};
+
+// StepPlan is one step, as Schedule decides it. Indices are into Schedule's `running` and
+// `waiting`.
+struct StepPlan {
+  struct Chunk {
+    size_t index = 0;
+    int tokens = 0;  // prompt tokens this step computes
+    bool operator==(const Chunk&) const = default;
+  };
+  std::vector<size_t> preempt;  // running requests preempted (in this order), before the rest
+  std::vector<size_t> decode;   // running requests that decode one token
+  std::vector<Chunk> prefill;   // running requests whose prefill goes on
+  std::vector<Chunk> admit;     // waiting requests admitted, in admission order
+  int tokens() const;           // decode tokens plus chunk tokens
+  bool runs() const { return !decode.empty() || !prefill.empty() || !admit.empty(); }
+};
+
+// StepLimits pace a step (Engine::Allow): what Schedule may plan beyond what it would anyway.
+struct StepLimits {
+  bool decode = true;       // false: no request decodes (prefill chunks and admissions go on)
+  int64_t admissions = -1;  // at most this many admissions; -1: no limit
 };
 
 class Scheduler {
  public:
   explicit Scheduler(const SchedulerOptions& options);  // options must Validate
+
+  // Schedule plans the next step (see the file comment) from `running` (every request in
+  // flight, in admission order, oldest first), `waiting` (queue order) and the pool's free
+  // pages, within `limits` (pacing: Engine::Allow). Const: the engine carries the plan out and
+  // reports each admission (Admitted), which moves the tenants' turn.
+  StepPlan Schedule(std::span<const SchedRequest> running, std::span<const SchedRequest> waiting,
+                    int free_pages, StepLimits limits = {}) const;
 
   // Admit returns the index into `waiting` (queue order: oldest first) of the request to admit
   // now, or nullopt (nothing waits, the batch is full, or the chosen request does not fit in
@@ -98,7 +145,12 @@ class Scheduler {
  private:
   // Candidate returns the index of the request admission considers next (see the file
   // comment), or nullopt if nothing waits.
-  std::optional<size_t> Candidate(std::span<const SchedRequest> waiting) const;
+  std::optional<size_t> Candidate(std::span<const SchedRequest> waiting,
+                                  isolation::TenantId last_tenant) const;
+  // AdmitAfter is Admit with the turn after `last_tenant`.
+  std::optional<size_t> AdmitAfter(std::span<const SchedRequest> waiting,
+                                   std::span<const SchedRequest> in_flight, int free_pages,
+                                   isolation::TenantId last_tenant) const;
 
   SchedulerOptions options_;
   double usage_;

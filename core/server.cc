@@ -646,9 +646,10 @@ void Server::Impl::SetupAdmin() {
     engine->set_faults(f);
     res.set_content("{}", "application/json");
   });
-  // Test builds only: pace the engine's workers (Engine::Allow), so that an end-to-end test can
-  // hold requests in flight for as long as it needs, whatever the machine's speed. Body:
-  // {"prefill": N, "decode": N}, either or both, N >= 0 units of work or null for no limit.
+  // Test builds only: pace the engine (Engine::Allow), so that an end-to-end test can hold
+  // requests in flight for as long as it needs, whatever the machine's speed. Body:
+  // {"prefill": N, "decode": N}, either or both: N >= 0 admissions (prefill) or steps that
+  // decode (decode), or null for no limit.
   admin.Post("/admin/test/pace", [this](const httplib::Request& req, httplib::Response& res) {
     if (!AdminAuthorized(req, res)) return;
     const json body = json::parse(req.body, nullptr, false);
@@ -658,7 +659,7 @@ void Server::Impl::SetupAdmin() {
     if (!body.is_object() || body.empty()) {
       return Reply(res, Error(400, "invalid_request_error", "invalid_value", kShape));
     }
-    std::vector<std::pair<EngineWorker, int64_t>> pace;
+    std::vector<std::pair<EngineWork, int64_t>> pace;
     for (const auto& [key, value] : body.items()) {
       const bool known = key == "prefill" || key == "decode";
       const bool count = value.is_number_unsigned() &&
@@ -666,7 +667,7 @@ void Server::Impl::SetupAdmin() {
       if (!known || !(count || value.is_null())) {
         return Reply(res, Error(400, "invalid_request_error", "invalid_value", kShape));
       }
-      pace.emplace_back(key == "prefill" ? EngineWorker::kPrefill : EngineWorker::kDecode,
+      pace.emplace_back(key == "prefill" ? EngineWork::kAdmissions : EngineWork::kDecodeSteps,
                         value.is_null() ? kUnlimitedWork : value.get<int64_t>());
     }
     for (const auto& [worker, units] : pace) engine->Allow(worker, units);

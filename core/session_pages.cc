@@ -46,11 +46,12 @@ std::vector<Violation> SessionPages::Release(bool scrub) {
   return refused;
 }
 
-bool SessionPages::HandOver(bool cancelled, bool scrub, std::vector<Violation>* refused) {
+bool SessionPages::ContinueUnlessCancelled(bool cancelled, bool scrub,
+                                           std::vector<Violation>* refused) {
   if (!cancelled) return true;
 #if KVGUARD_FAULT_INJECTION
-  if (faults_.handover_cancelled) {
-    // The bug: the pages go back to the pool, yet the request reaches decode with its old
+  if (faults_.cancelled_continues) {
+    // The bug: the pages go back to the pool, yet the request goes on stepping with its old
     // page table.
     for (const PageGrant& g : grants_) {
       if (std::optional<Violation> v = table_->Release(owner_, g, scrub)) refused->push_back(*v);

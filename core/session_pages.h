@@ -1,6 +1,6 @@
 // core/session_pages.h: one request's page table, and every change the scheduler makes to it:
 // the prompt's pages at admission, one more page when decoding crosses a page boundary, the
-// release at finish or preemption, and the prefill-to-decode handover.
+// release at finish or preemption, and the release of a cancelled request at a step boundary.
 //
 // The engine (core/engine.cc) keeps one per request, and the fuzz targets (fuzz/) drive the
 // same class, so the lifecycle they attack is the one that ships. Not thread-safe: the
@@ -22,9 +22,9 @@ namespace kvguard::core {
 // SessionFaults make this request's lifecycle misbehave the ways real schedulers have shipped
 // (test and fuzz builds only). Verification must catch each.
 struct SessionFaults {
-  bool double_release = false;      // Release returns every page twice
-  bool handover_cancelled = false;  // HandOver releases a cancelled request's pages and hands
-                                    // it over anyway, with its old page table
+  bool double_release = false;       // Release returns every page twice
+  bool cancelled_continues = false;  // ContinueUnlessCancelled releases a cancelled request's
+                                     // pages and lets it go on anyway, with its old page table
 };
 #endif
 
@@ -62,10 +62,12 @@ class SessionPages {
   // release frees nothing).
   std::vector<isolation::Violation> Release(bool scrub);
 
-  // HandOver is the prefill worker's end of the handover to decode. A request cancelled
-  // during its prefill releases its pages here and is not handed over (false, with the
-  // refused releases in `refused`); any other goes on with its page table unchanged (true).
-  bool HandOver(bool cancelled, bool scrub, std::vector<isolation::Violation>* refused);
+  // ContinueUnlessCancelled is the engine's check at a step boundary: a request cancelled
+  // (during its prefill or between steps) releases its pages here and must leave (false, with
+  // the refused releases in `refused`); any other goes on with its page table unchanged
+  // (true).
+  bool ContinueUnlessCancelled(bool cancelled, bool scrub,
+                               std::vector<isolation::Violation>* refused);
 
 #if KVGUARD_FAULT_INJECTION
   void set_faults(const SessionFaults& faults) { faults_ = faults; }

@@ -1,6 +1,6 @@
 // fuzz/page_ops_fuzzer.cc: a sequence of page-lifecycle operations over three tenants
 // (enforce, strict, off) and up to 16 requests, chosen by the input: open, advance one
-// request by one action (grant, verify, write or read one page, finish a step, hand over),
+// request by one action (grant, verify, write or read one page, finish a step),
 // cancel, preempt, asynchronous copies, key rotation and retirement, mode changes, and
 // injected faults. fuzz/harness/world.h holds the shadow model and the oracles.
 #include <fuzzer/FuzzedDataProvider.h>

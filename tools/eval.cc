@@ -131,7 +131,7 @@ int RunEval(const std::vector<std::string>& argv) {
     }
     configs.push_back({std::string(item), *pf, *df, *kv});
   }
-  kernels::ThreadPool tp(options.engine.decode_threads);
+  kernels::ThreadPool tp(options.engine.threads);
   auto load = [&](kernels::WeightFormat pf, kernels::WeightFormat df, kernels::KvDtype kv,
                   core::Loaded* loaded, std::unique_ptr<core::KvPool>* pool) -> absl::Status {
     core::RuntimeOptions o = options;

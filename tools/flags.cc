@@ -16,7 +16,7 @@ const char kEngineFlagsHelp[] =
     "  --kv-cache-bytes N           KV pool budget, e.g. 512M, 2G\n"
     "  --kv-cache-fraction F        else this fraction of available memory (default 0.1)\n"
     "  --page-size P                tokens per KV page (default 16)\n"
-    "  --threads N                  threads for decode and for prefill (default 2)\n"
+    "  --threads N                  threads of the engine's kernels (default 2)\n"
     "  --max-batch N                most requests decoded together (default 64)\n"
     "  --admission-ratio F          first estimate of the fraction of max_tokens requests\n"
     "                               use; admission reserves that much of their growth (then\n"
@@ -187,7 +187,7 @@ bool ParseEngineFlag(Args& a, core::RuntimeOptions* o, absl::Status* status) {
   }
   if (a.Flag("--threads")) {
     *status = a.Int(&n, 1, 256);
-    o->engine.decode_threads = o->engine.prefill_threads = n;
+    o->engine.threads = n;
     return true;
   }
   if (a.Flag("--max-batch")) {

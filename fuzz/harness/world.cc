@@ -156,8 +156,8 @@ World::World(const WorldOptions& options) : options_(options) {
     step_guard_->set_faults({.skip_reverify = true});
     known = true;
   }
-  if (options.planted == "handover_after_cancel") {
-    planted_session_.handover_cancelled = true;  // every request's lifecycle carries it
+  if (options.planted == "cancelled_continues") {
+    planted_session_.cancelled_continues = true;  // every request's lifecycle carries it
     known = true;
   }
   if (!known) {
@@ -601,7 +601,7 @@ void World::EndStep(Request& q, bool prefill) {
     q.phase = Phase::kDecodeGrow;
     return;
   }
-  // The handover consumes the cancel flag, as in the engine.
+  // The end of the prefill step consumes the cancel flag, as the engine's step boundary does.
   const bool cancelled = std::exchange(q.cancelled, false);
   std::vector<int32_t> expect_refused;
   if (cancelled) {
@@ -615,12 +615,12 @@ void World::EndStep(Request& q, bool prefill) {
       q.released.push_back(g);
     }
     std::vector<Violation> refused;
-    const bool handed = q.pages->HandOver(true, scrub, &refused);
+    const bool handed = q.pages->ContinueUnlessCancelled(true, scrub, &refused);
     std::vector<int32_t> got;
     for (const Violation& r : refused) got.push_back(r.page);
     if (got != expect_refused) {
       Fail("release-outcome",
-           absl::StrCat("request ", q.index, "'s cancelled handover: ", got.size(),
+           absl::StrCat("request ", q.index, "'s release after cancel: ", got.size(),
                         " releases refused, the shadow expected ", expect_refused.size()));
     }
     for (const Violation& r : refused) {
@@ -628,12 +628,12 @@ void World::EndStep(Request& q, bool prefill) {
       Report(q, r);
     }
     if (!handed) {
-      KVG_TRACE("r", q.index, " cancelled at handover");
+      KVG_TRACE("r", q.index, " cancelled: left after its prefill");
       q.waiting = true;
       q.phase = Phase::kDone;
       return;
     }
-    KVG_TRACE("r", q.index, " handed over after cancel");
+    KVG_TRACE("r", q.index, " went on after cancel");
   }
   q.pages->set_kv_len(q.tokens);
   q.phase = Phase::kDecodeGrow;
@@ -963,14 +963,14 @@ bool World::Inject(Fault f, int r, uint32_t arg) {
       }
       return false;
     }
-    case Fault::kHandoverCancelled: {
+    case Fault::kCancelledContinues: {
       if (q->waiting || q->phase > Phase::kPrefillFinish) return false;
       core::SessionFaults sf;
-      sf.handover_cancelled = true;
+      sf.cancelled_continues = true;
       q->pages->set_faults(sf);
       q->cancelled = true;
       q->tainted = true;
-      KVG_TRACE("FAULT cancelled handover r", r);
+      KVG_TRACE("FAULT cancelled request goes on r", r);
       return true;
     }
     case Fault::kCount:

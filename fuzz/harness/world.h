@@ -24,7 +24,7 @@
 //   unscrubbed-reuse     a page released with scrub was granted again with bytes left in it
 //   scheduler-violation  a request no injected fault touched hit a violation: the scheduler's
 //                        own lifecycle presented a bad page table (e.g. a cancelled request
-//                        handed over to decode)
+//                        that went on stepping)
 //   accounting           the table's own accounting check failed, or its free / limbo / used
 //                        counts differ from the shadow's
 //   copy-outcome, key-retire, admission, mode, grant: the copy verdicts, a key retired while
@@ -32,7 +32,8 @@
 //                        that is not the one set, a grant failing other than for a dry pool
 //
 // Injected faults are misbehaving callers (a release mid-step, a double release, a stale or
-// forged page table, another session's release, a cancelled handover): the isolation layer
+// forged page table, another session's release, a cancelled request that goes on): the
+// isolation layer
 // must contain each, so they taint only the request they hit. Planted bugs (fuzz/README.md)
 // are the opposite: a broken isolation layer or scheduler that the oracles must expose.
 #ifndef KVGUARD_FUZZ_HARNESS_WORLD_H_
@@ -58,25 +59,26 @@ struct WorldOptions {
   int max_requests = 16;  // requests opened over the world's life (ids 1..)
   // A planted bug (fuzz/README.md) switched on in the real code for the world's life: one of
   // no_epoch_pin, no_generation_bump, release_without_owner_check, unscrubbed_reuse,
-  // skip_last_page_verify, handover_after_cancel, copy_pin_ignored, stale_release_accepted,
+  // skip_last_page_verify, cancelled_continues, copy_pin_ignored, stale_release_accepted,
   // page_granted_twice, no_step_reverify; "" for none.
   std::string planted;
 };
 
 // Faults a fuzz input may inject (see the file comment). Each taints the request it hits.
 enum class Fault : uint8_t {
-  kReleaseMidStep,     // one of the request's pages is released while its step is in flight
-  kDoubleRelease,      // a grant the request already released is released again
-  kStalePageTable,     // one entry of its page table is replaced by a grant it released
-  kForgedPageTable,    // one entry is replaced by a made-up page, generation and tag
-  kForeignRelease,     // it releases another request's current grant
-  kHandoverCancelled,  // cancelled during prefill, it is handed over anyway
+  kReleaseMidStep,      // one of the request's pages is released while its step is in flight
+  kDoubleRelease,       // a grant the request already released is released again
+  kStalePageTable,      // one entry of its page table is replaced by a grant it released
+  kForgedPageTable,     // one entry is replaced by a made-up page, generation and tag
+  kForeignRelease,      // it releases another request's current grant
+  kCancelledContinues,  // cancelled during prefill, it goes on to decode anyway
   kCount,
 };
 
 class World {
  public:
-  // Request phases. A request runs prefill (verify, write each page, finish + handover), then
+  // Request phases. A request runs prefill (verify, write each page, finish; a cancelled one
+  // leaves there), then
   // decode steps (grow, verify, read each page, write, finish) until it is done.
   enum class Phase : uint8_t {
     kPrefillVerify,
@@ -102,7 +104,7 @@ class World {
   // Advance runs the next action of request `r`'s lifecycle (one phase, or one page of a
   // write or read phase).
   bool Advance(int r);
-  // Cancel flags request `r` (it leaves at its next handover or decode step).
+  // Cancel flags request `r` (it leaves at the end of its prefill or at its next decode step).
   bool Cancel(int r);
   // Preempt releases a decoding request's pages between its steps; it is prefilled again.
   bool Preempt(int r);

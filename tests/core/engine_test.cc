@@ -40,8 +40,7 @@ std::unique_ptr<Engine> MakeEngine(int pages, int max_batch = 64, EngineOptions 
   po.budget_bytes = s.model->config().KvBytesPerToken(4) * 16 * size_t(pages);
   eo.max_batch = max_batch;
   eo.check_accounting = true;
-  eo.decode_threads = 2;
-  eo.prefill_threads = 1;
+  eo.threads = 2;
   return *Engine::Create(s.model, s.tokenizer, *KvPool::Create(s.model->config(), po), eo);
 }
 
@@ -58,9 +57,9 @@ GenerationRequest Greedy(const std::string& prompt, int max_tokens) {
 // share the first steps does not depend on how fast either thread runs), then both workers run
 // without limit.
 void LetRun(Engine& engine) {
-  engine.Allow(EngineWorker::kPrefill, kUnlimitedWork);
+  engine.Allow(EngineWork::kAdmissions, kUnlimitedWork);
   engine.WaitUntilSettled();
-  engine.Allow(EngineWorker::kDecode, kUnlimitedWork);
+  engine.Allow(EngineWork::kDecodeSteps, kUnlimitedWork);
 }
 
 std::vector<int> RunAlone(const std::string& prompt, int max_tokens) {
@@ -140,7 +139,7 @@ TEST(EngineTest, PreemptionAndRecomputeGiveTheSameTokens) {
   int preempted = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
     const GenerationResult r = *engine->Wait(ids[i]);
-    EXPECT_EQ(r.tokens, alone[i]) << kPrompts[i];
+    EXPECT_EQ(r.tokens, alone[i]) << kPrompts[i] << " " << r.status;
     preempted += r.preemptions;
   }
   EXPECT_GT(preempted, 0) << "the pool never ran dry: the test did not exercise preemption";
@@ -165,10 +164,10 @@ TEST(EngineTest, GrowthReservationAvoidsPreemption) {
     std::vector<RequestId> ids;
     for (const auto& p : kPrompts) ids.push_back(*engine->Submit(Greedy(p, 60)));
     // What admission lets in before the first decode step.
-    engine->Allow(EngineWorker::kPrefill, kUnlimitedWork);
+    engine->Allow(EngineWork::kAdmissions, kUnlimitedWork);
     engine->WaitUntilSettled();
     const EngineStats lined_up = engine->stats();
-    engine->Allow(EngineWorker::kDecode, kUnlimitedWork);
+    engine->Allow(EngineWork::kDecodeSteps, kUnlimitedWork);
     for (size_t i = 0; i < ids.size(); ++i) {
       const GenerationResult r = *engine->Wait(ids[i]);
       EXPECT_EQ(r.reason, FinishReason::kLength);
@@ -316,9 +315,9 @@ TEST(EngineTest, CancelAtAnyMomentReleasesEverything) {
   for (int i = 0; i < 6; ++i)
     ids.push_back(*engine->Submit(Greedy("cancel me " + std::to_string(i), 480)));
   engine->Cancel(ids[5]);
-  engine->Allow(EngineWorker::kPrefill, kUnlimitedWork);
+  engine->Allow(EngineWork::kAdmissions, kUnlimitedWork);
   engine->WaitUntilSettled();  // four admitted before the first step: each gets all three
-  engine->Allow(EngineWorker::kDecode, 3);
+  engine->Allow(EngineWork::kDecodeSteps, 3);
   engine->WaitUntilSettled();
   EngineStats mid = engine->stats();
   EXPECT_EQ(mid.running, 4);
@@ -337,7 +336,7 @@ TEST(EngineTest, CancelAtAnyMomentReleasesEverything) {
   EXPECT_EQ(engine->stats().free_pages, engine->stats().total_pages);
   engine->Cancel(12345);  // unknown ids are ignored
   // Positive twin: an uncancelled request in the same engine completes.
-  engine->Allow(EngineWorker::kDecode, kUnlimitedWork);
+  engine->Allow(EngineWork::kDecodeSteps, kUnlimitedWork);
   EXPECT_EQ(engine->Wait(*engine->Submit(Greedy("done", 5)))->reason, FinishReason::kLength);
 }
 

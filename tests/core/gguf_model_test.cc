@@ -62,7 +62,7 @@ RuntimeOptions Fp32Options(const std::string& path) {
   o.weights.decode_weights = kernels::WeightFormat::kFp32;
   o.kv_dtype = kernels::KvDtype::kFp32;
   o.kv_cache_bytes = size_t{4} << 20;
-  o.engine.decode_threads = 1;
+  o.engine.threads = 1;
   return o;
 }
 

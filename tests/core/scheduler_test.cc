@@ -1,7 +1,8 @@
-// Tests of core/scheduler.h, decision by decision and without threads: who is admitted (order,
-// tenant turns, preempted first, nothing overtakes a request that does not fit), when
-// (reserve, growth reservation, batch room), who is preempted, and how the admission ratio
-// moves. Each refusal has its twin that admits.
+// Tests of core/scheduler.h, decision by decision and step by step, without threads: who is
+// admitted (order, tenant turns, preempted first, nothing overtakes a request that does not
+// fit), when (reserve, growth reservation, batch room), what each step computes (decode
+// tokens, chunked prefill within the token budget), who is preempted, and how the admission
+// ratio moves. Each refusal has its twin that admits.
 #include "core/scheduler.h"
 
 #include <gtest/gtest.h>
@@ -142,6 +143,141 @@ TEST(SchedulerTest, TheVictimIsTheRequestAdmittedLast) {
   EXPECT_EQ(s.Victim(std::vector<SchedRequest>{InFlight(7, 1, 1)}), 0u);
 }
 
+// A running request (decoding) that holds `held` pages and needs `grow` more for its next token.
+SchedRequest Decoding(uint64_t id, int held, int grow = 0) {
+  SchedRequest r = InFlight(id, held, 100);
+  r.grow_pages = grow;
+  return r;
+}
+
+// A request admitted earlier whose prompt still has `left` tokens to compute.
+SchedRequest Prefilling(uint64_t id, int held, int left) {
+  SchedRequest r = InFlight(id, held, 100);
+  r.prefill_tokens = left;
+  return r;
+}
+
+SchedRequest Prompt(uint64_t id, isolation::TenantId tenant, int tokens, int pages) {
+  SchedRequest r = Waiting(id, tenant, pages, pages);
+  r.prefill_tokens = tokens;
+  return r;
+}
+
+SchedulerOptions Budget(int step_tokens, int max_batch = 4) {
+  SchedulerOptions o = Greedy();
+  o.reserve_pages = 0;
+  o.max_batch = max_batch;
+  o.step_tokens = step_tokens;
+  return o;
+}
+
+using Chunks = std::vector<StepPlan::Chunk>;
+
+// A 100-token prompt with a budget of 40 tokens a step: it is admitted with its first 40, then
+// computes 40 and the last 20 in the next two steps (the engine reports what is left).
+TEST(SchedulerTest, ALongPromptIsPrefilledInChunksOfTheBudget) {
+  Scheduler s(Budget(40));
+  StepPlan p = s.Schedule({}, std::vector{Prompt(1, 1, 100, 7)}, 10);
+  EXPECT_EQ(p.admit, (Chunks{{0, 40}}));
+  EXPECT_EQ(p.tokens(), 40);
+  p = s.Schedule(std::vector{Prefilling(1, 7, 60)}, {}, 3);
+  EXPECT_EQ(p.prefill, (Chunks{{0, 40}}));
+  p = s.Schedule(std::vector{Prefilling(1, 7, 20)}, {}, 3);
+  EXPECT_EQ(p.prefill, (Chunks{{0, 20}}));
+  EXPECT_TRUE(p.decode.empty());
+  // Twin: with a budget as large as the prompt it is computed whole in one step.
+  Scheduler whole(Budget(100));
+  EXPECT_EQ(whole.Schedule({}, std::vector{Prompt(1, 1, 100, 7)}, 10).admit, (Chunks{{0, 100}}));
+}
+
+// Decode tokens are never held back by the budget, and they take their share of it first: the
+// prefill beside them gets what is left.
+TEST(SchedulerTest, DecodeTokensComeFirstAndPrefillTakesWhatTheyLeave) {
+  Scheduler s(Budget(8));
+  const std::vector<SchedRequest> running = {Decoding(1, 1), Prefilling(2, 3, 30), Decoding(3, 1)};
+  const StepPlan p = s.Schedule(running, std::vector{Prompt(4, 2, 5, 1)}, 10);
+  EXPECT_EQ(p.decode, (std::vector<size_t>{0, 2}));
+  EXPECT_EQ(p.prefill, (Chunks{{1, 6}})) << "8 - 2 decode tokens";
+  EXPECT_TRUE(p.admit.empty()) << "no budget left for the waiting prompt";
+  // Twin: once the long prefill is down to 2 tokens, the waiting prompt gets the rest.
+  const std::vector<SchedRequest> later = {Decoding(1, 1), Prefilling(2, 3, 2), Decoding(3, 1)};
+  const StepPlan q = s.Schedule(later, std::vector{Prompt(4, 2, 5, 1)}, 10);
+  EXPECT_EQ(q.prefill, (Chunks{{1, 2}}));
+  EXPECT_EQ(q.admit, (Chunks{{0, 4}}));
+  EXPECT_EQ(q.tokens(), 8);
+}
+
+// Short prompts beside a long one: one step admits several (each tenant in turn), as far as the
+// budget and the batch allow.
+TEST(SchedulerTest, OneStepAdmitsManyPromptsWithinBudgetAndBatch) {
+  Scheduler s(Budget(64, /*max_batch=*/3));
+  const std::vector<SchedRequest> q = {Prompt(1, 1, 10, 1), Prompt(2, 1, 10, 1),
+                                       Prompt(3, 2, 10, 1), Prompt(4, 2, 10, 1)};
+  const StepPlan p = s.Schedule({}, q, 10);
+  EXPECT_EQ(p.admit, (Chunks{{0, 10}, {2, 10}, {1, 10}})) << "turns: 1, 2, 1; batch of 3";
+  EXPECT_EQ(s.Schedule(std::vector{Decoding(9, 1)}, q, 10).admit.size(), 2u)
+      << "one in flight: room for two more";
+}
+
+// When the next token's page is not there, the newest request in flight (here one still
+// prefilling) gives its pages back, and nothing is admitted in that step.
+TEST(SchedulerTest, ADryPoolPreemptsTheNewestAndAdmitsNothing) {
+  Scheduler s(Budget(64));
+  const std::vector<SchedRequest> running = {Decoding(1, 2, 1), Decoding(2, 2, 1),
+                                             Prefilling(3, 3, 9)};
+  const StepPlan p = s.Schedule(running, std::vector{Prompt(4, 1, 3, 1)}, 1);
+  EXPECT_EQ(p.preempt, (std::vector<size_t>{2}));
+  EXPECT_EQ(p.decode, (std::vector<size_t>{0, 1}));
+  EXPECT_TRUE(p.prefill.empty());
+  EXPECT_TRUE(p.admit.empty());
+  // Twin: with two free pages nobody is preempted, and the prefill goes on.
+  const StepPlan q = s.Schedule(running, {}, 2);
+  EXPECT_TRUE(q.preempt.empty());
+  EXPECT_EQ(q.decode, (std::vector<size_t>{0, 1}));
+  EXPECT_EQ(q.prefill, (Chunks{{2, 9}}));
+}
+
+// The victim may be the request that needs the page itself, when it is the newest: then it does
+// not decode either, and the older ones still do.
+TEST(SchedulerTest, TheNewestMayPreemptItself) {
+  Scheduler s(Budget(64));
+  const StepPlan p =
+      s.Schedule(std::vector{Decoding(1, 2, 0), Decoding(2, 2, 1)}, {}, /*free_pages=*/0);
+  EXPECT_EQ(p.preempt, (std::vector<size_t>{1}));
+  EXPECT_EQ(p.decode, (std::vector<size_t>{0}));
+  // Two need a page: the newest gives its page to the oldest, then the second preempts itself.
+  const StepPlan q = s.Schedule(std::vector{Decoding(1, 2, 1), Decoding(2, 1, 1), Decoding(3, 1)},
+                                {}, /*free_pages=*/0);
+  EXPECT_EQ(q.preempt, (std::vector<size_t>{2, 1}));
+  EXPECT_EQ(q.decode, (std::vector<size_t>{0}));
+}
+
+// Pacing (Engine::Allow): with decoding paused nothing decodes, yet prefill goes on and
+// admissions come in; an admission limit admits that many.
+TEST(SchedulerTest, LimitsPauseDecodingAndCountAdmissions) {
+  Scheduler s(Budget(64));
+  const std::vector<SchedRequest> running = {Decoding(1, 1, 1), Prefilling(2, 1, 5)};
+  const std::vector<SchedRequest> q = {Prompt(3, 1, 4, 1), Prompt(4, 1, 4, 1)};
+  StepPlan p = s.Schedule(running, q, 10, StepLimits{.decode = false, .admissions = 1});
+  EXPECT_TRUE(p.decode.empty());
+  EXPECT_EQ(p.prefill, (Chunks{{1, 5}}));
+  EXPECT_EQ(p.admit, (Chunks{{0, 4}}));
+  p = s.Schedule(running, q, 10, StepLimits{.decode = true, .admissions = 0});
+  EXPECT_EQ(p.decode, (std::vector<size_t>{0}));
+  EXPECT_TRUE(p.admit.empty());
+  EXPECT_EQ(s.Schedule(running, q, 10).admit.size(), 2u) << "twin: no limits";
+}
+
+// Schedule is const: the turn moves only when the engine reports the admission.
+TEST(SchedulerTest, TheTurnMovesWhenAnAdmissionIsReported) {
+  Scheduler s(Budget(4));
+  const std::vector<SchedRequest> q = {Prompt(1, 1, 4, 1), Prompt(2, 2, 4, 1)};
+  EXPECT_EQ(s.Schedule({}, q, 10).admit, (Chunks{{0, 4}}));
+  EXPECT_EQ(s.Schedule({}, q, 10).admit, (Chunks{{0, 4}})) << "same plan again";
+  s.Admitted(1);
+  EXPECT_EQ(s.Schedule({}, q, 10).admit, (Chunks{{1, 4}})) << "tenant 2's turn";
+}
+
 TEST(SchedulerTest, TheRatioFollowsUsageAndIsRaisedByPreemptions) {
   SchedulerOptions o;
   o.admission_ratio = 1.0;
@@ -190,6 +326,11 @@ TEST(SchedulerTest, BadOptionsAreRefused) {
     EXPECT_FALSE(o.Validate().ok()) << batch << " " << reserve << " " << ratio;
   }
   EXPECT_TRUE(SchedulerOptions{}.Validate().ok()) << "the defaults are valid";
+  SchedulerOptions small_budget;
+  small_budget.step_tokens = small_budget.max_batch - 1;
+  EXPECT_FALSE(small_budget.Validate().ok()) << "a budget below the batch";
+  small_budget.step_tokens = small_budget.max_batch;
+  EXPECT_TRUE(small_budget.Validate().ok()) << "twin: a budget of the batch";
 }
 
 }  // namespace

@@ -51,13 +51,13 @@ TEST(SessionPagesTest, ADryPoolChangesNothing) {
   EXPECT_EQ(b.num_pages(), 0);
 }
 
-TEST(SessionPagesTest, HandOverReleasesACancelledRequestAndStopsIt) {
+TEST(SessionPagesTest, ContinueUnlessCancelledReleasesACancelledRequestAndStopsIt) {
   for (const bool cancelled : {false, true}) {
     Fixture f;
     SessionPages s(&f.table, Owner{1, 1}, 4);
     ASSERT_TRUE(s.GrantFor(6).ok());
     std::vector<isolation::Violation> refused;
-    EXPECT_EQ(s.HandOver(cancelled, /*scrub=*/false, &refused), !cancelled);
+    EXPECT_EQ(s.ContinueUnlessCancelled(cancelled, /*scrub=*/false, &refused), !cancelled);
     EXPECT_TRUE(refused.empty());
     EXPECT_EQ(s.num_pages(), cancelled ? 0 : 2);
     EXPECT_EQ(f.table.free_pages(), cancelled ? 6 : 4);
@@ -70,11 +70,11 @@ TEST(SessionPagesTest, FaultsMisbehaveAsDocumented) {
   SessionPages s(&f.table, Owner{1, 1}, 4);
   ASSERT_TRUE(s.GrantFor(6).ok());
   SessionFaults faults;
-  faults.handover_cancelled = true;
+  faults.cancelled_continues = true;
   s.set_faults(faults);
   std::vector<isolation::Violation> refused;
-  // The bug: handed over although cancelled, with a page table that is no longer its own.
-  EXPECT_TRUE(s.HandOver(true, false, &refused));
+  // The bug: it goes on although cancelled, with a page table that is no longer its own.
+  EXPECT_TRUE(s.ContinueUnlessCancelled(true, false, &refused));
   ASSERT_EQ(s.num_pages(), 2);
   ASSERT_TRUE(f.table.Verify(s.owner(), s.grants()).has_value());
   faults = {};
