@@ -10,6 +10,11 @@ max_tokens, ignore_eos so the length is known) and be attributed, in the server'
 log, to the tenant whose key sent it. Reports throughput and latency percentiles; writes
 OUT.json and OUT.md; exits 1 if any response was lost or went to the wrong tenant.
 
+Head-of-line blocking: --long-clients N makes the first N clients send prompts of about
+--long-prompt-tokens tokens (a phrase repeated, sized once against the server's own token
+count) beside the others' short ones; time to first token is then reported for the short
+and the long requests apart.
+
   .venv/bin/python bench/serve_load.py --kvguard build/default/tools/kvguard \
       --clients 64 --duration 60 --out bench/results/serve-load
 """
@@ -43,16 +48,16 @@ def percentile(values, p):
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
-async def client_loop(server, i, tenant, deadline, max_tokens, results):
+async def client_loop(server, i, tenant, deadline, max_tokens, results, prefix=""):
     c = openai.AsyncOpenAI(base_url=server.base + "/v1", api_key=conftest.TENANTS[tenant]["key"],
                            max_retries=0, timeout=300)
     n = 0
     while time.monotonic() < deadline:
         stream = n % 2 == 1
-        kw = dict(model=server.model, prompt=f"client {i} request {n}: tell me a story",
+        kw = dict(model=server.model, prompt=f"{prefix}client {i} request {n}: tell me a story",
                   max_tokens=max_tokens, temperature=0.7, seed=i * 100003 + n,
                   extra_body={"ignore_eos": True})
-        rec = {"tenant": tenant, "client": i, "stream": stream}
+        rec = {"tenant": tenant, "client": i, "stream": stream, "long": bool(prefix)}
         t0 = time.monotonic()
         try:
             if stream:
@@ -82,12 +87,28 @@ async def client_loop(server, i, tenant, deadline, max_tokens, results):
     await c.close()
 
 
-async def run_clients(server, clients, tenants, duration, max_tokens):
+async def long_prefix(server, tokens):
+    """A repeated phrase of about `tokens` prompt tokens, by the server's own count."""
+    if tokens <= 0:
+        return ""
+    c = openai.AsyncOpenAI(base_url=server.base + "/v1",
+                           api_key=next(iter(conftest.TENANTS.values()))["key"], max_retries=0,
+                           timeout=300)
+    phrase = "once upon a time in a land far away "
+    probe = await c.completions.create(model=server.model, prompt=phrase * 20, max_tokens=1)
+    per = probe.usage.prompt_tokens / 20
+    await c.close()
+    return phrase * max(1, int((tokens - 16) / per))
+
+
+async def run_clients(server, clients, tenants, duration, max_tokens, long_clients, long_tokens):
     results = []
+    prefix = await long_prefix(server, long_tokens if long_clients else 0)
     deadline = time.monotonic() + duration
     start = time.monotonic()
     await asyncio.gather(*[client_loop(server, i, tenants[i % len(tenants)], deadline, max_tokens,
-                                       results) for i in range(clients)])
+                                       results, prefix if i < long_clients else "")
+                           for i in range(clients)])
     return results, time.monotonic() - start
 
 
@@ -99,6 +120,11 @@ def main():
     ap.add_argument("--duration", type=float, default=60)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--kv-cache-bytes", default="256M")
+    ap.add_argument("--long-clients", type=int, default=0,
+                    help="this many clients send long prompts (head-of-line blocking)")
+    ap.add_argument("--long-prompt-tokens", type=int, default=2000)
+    ap.add_argument("--engine-flags", default="",
+                    help="more flags for `kvguard serve`, e.g. \"--step-tokens 256\"")
     ap.add_argument("--out", default=None, help="write OUT.json and OUT.md")
     args = ap.parse_args()
     tenants = list(conftest.TENANTS)  # four: enforce, strict, enforce, off
@@ -110,12 +136,15 @@ def main():
                                          "tokens_per_request": max(args.max_tokens, 16)},
                                  extra=["--kv-cache-bytes", args.kv_cache_bytes,
                                         "--read-timeout-ms", "60000",
-                                        "--write-timeout-ms", "60000"])
+                                        "--write-timeout-ms", "60000",
+                                        *args.engine_flags.split()])
         try:
             results, wall = asyncio.run(run_clients(server, args.clients, tenants, args.duration,
-                                                    args.max_tokens))
+                                                    args.max_tokens, args.long_clients,
+                                                    args.long_prompt_tokens))
             metrics = server.metrics()
             log = server.request_tenants()
+            timings = server.request_timings()
         finally:
             rc = server.stop()
     ok = [r for r in results if r["ok"]]
@@ -150,6 +179,23 @@ def main():
                                                  int(p[1:])), 4) for p in ("p50", "p99")},
         "ttft_stream_s": {p: round(percentile([r["ttft"] for r in ok if r["stream"]],
                                               int(p[1:])), 4) for p in ("p50", "p99")},
+        # The engine's own view (request log): submit -> admission, submit -> first token.
+        "server_queue_s": {p: round(percentile([timings[i][0] for i in ids(ok) if i in timings],
+                                                int(p[1:])), 4) for p in ("p50", "p99")},
+        "server_ttft_s": {p: round(percentile([timings[i][1] for i in ids(ok) if i in timings],
+                                               int(p[1:])), 4) for p in ("p50", "p99")},
+        "server_ttft_short_s": {p: round(percentile(
+            [timings[i][1] for i in ids([r for r in ok if not r["long"]]) if i in timings],
+            int(p[1:])), 4) for p in ("p50", "p99")},
+        "long_clients": args.long_clients,
+        "long_prompt_tokens": args.long_prompt_tokens if args.long_clients else None,
+        "ttft_stream_short_s": {p: round(percentile(
+            [r["ttft"] for r in ok if r["stream"] and not r["long"]], int(p[1:])), 4)
+            for p in ("p50", "p99")},
+        "ttft_stream_long_s": {p: round(percentile(
+            [r["ttft"] for r in ok if r["stream"] and r["long"]], int(p[1:])), 4)
+            for p in ("p50", "p99")},
+        "completed_long": sum(1 for r in ok if r["long"]),
         "server": {k: metrics.get(k) for k in ("kvguard_verify_seconds_per_step",
                                                 "kvguard_preemptions_total",
                                                 "kvguard_audit_log_healthy")},
@@ -164,6 +210,20 @@ def main():
         pathlib.Path(args.out + ".json").write_text(text + "\n")
         pathlib.Path(args.out + ".md").write_text(markdown(summary))
     return 1 if failed else 0
+
+
+def ids(records):
+    return [int(r["id"].split("-")[1]) for r in records]
+
+
+def hol(s):
+    if not s.get("long_clients"):
+        return ""
+    sh, lg = s["ttft_stream_short_s"], s["ttft_stream_long_s"]
+    return (f"Head-of-line: {s['long_clients']} of the clients sent prompts of about "
+            f"{s['long_prompt_tokens']} tokens ({s['completed_long']} completed). Time to first "
+            f"token of the short streamed requests p50 {sh['p50']} s, p99 {sh['p99']} s; of the "
+            f"long ones p50 {lg['p50']} s, p99 {lg['p99']} s.\n\n")
 
 
 def markdown(s):
@@ -184,9 +244,12 @@ run and {s['host']['loadavg_1m_after']:.2f} after it; clients and server share t
 | {s['requests']} | {s['completed']} | {s['lost']} | {s['wrong_tenant']} | {s['requests_per_s']} | {s['output_tokens_per_s']} | {lat['p50']} | {lat['p99']} | {lat['max']} |
 
 Plain requests: p50 {pl['p50']} s, p99 {pl['p99']} s. Streamed: p50 {st['p50']} s, p99
-{st['p99']} s, time to first token p50 {tt['p50']} s, p99 {tt['p99']} s.
+{st['p99']} s, time to first token p50 {tt['p50']} s, p99 {tt['p99']} s. The engine's own
+clock (request log, every request): queue p50 {s['server_queue_s']['p50']} s, p99
+{s['server_queue_s']['p99']} s; time to first token p50 {s['server_ttft_s']['p50']} s, p99
+{s['server_ttft_s']['p99']} s.
 
-Completed per tenant (clients) {s['completed_per_tenant']}; answered with 200 per tenant
+{hol(s)}Completed per tenant (clients) {s['completed_per_tenant']}; answered with 200 per tenant
 (server's /metrics) {s['server_200_per_tenant']}. A response counts as delivered to the right
 tenant when the server's request log attributes its id to the tenant whose key sent it.
 Server: {s['server']}; exit code {s['server_exit_code']}.

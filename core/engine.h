@@ -55,7 +55,7 @@ struct EngineOptions {
   double admission_ratio_decay = 1e-3;
   // The step's token budget (SchedulerOptions::step_tokens): decode tokens plus prefill
   // chunk tokens; >= max_batch.
-  int step_tokens = 512;
+  int step_tokens = 256;
   int threads = 2;  // threads of the engine's kernel pool (the engine thread among them)
   // The engine starts paused (allowances of 0, Engine::Allow): tests submit their requests
   // first and then let it run a known number of admissions and decode steps.

@@ -103,34 +103,36 @@ StepPlan Scheduler::Schedule(std::span<const SchedRequest> running,
     plan.decode.push_back(i);
   }
   int budget = options_.step_tokens - static_cast<int>(plan.decode.size());
-  // 2. Prefill chunks of requests admitted earlier, oldest first.
+  // 2. Admission, by Admit's rule, against the pages left and everything in flight then; none
+  // in a step that just found the pool dry.
+  if (plan.preempt.empty()) {
+    std::vector<SchedRequest> in_flight(running.begin(), running.end());
+    std::vector<SchedRequest> queue(waiting.begin(), waiting.end());
+    std::vector<size_t> queue_index(waiting.size());
+    for (size_t i = 0; i < waiting.size(); ++i) queue_index[i] = i;
+    isolation::TenantId turn = last_tenant_;
+    while (budget > 0 && !queue.empty() &&
+           (limits.admissions < 0 || static_cast<int64_t>(plan.admit.size()) < limits.admissions)) {
+      const std::optional<size_t> a = AdmitAfter(queue, in_flight, static_cast<int>(free), turn);
+      if (!a) break;
+      SchedRequest admitted = queue[*a];
+      const int n = std::min(admitted.prefill_tokens, budget);
+      plan.admit.push_back({queue_index[*a], n});
+      budget -= n;
+      free -= admitted.prefill_pages;
+      turn = admitted.tenant;
+      admitted.held_pages = admitted.prefill_pages;
+      in_flight.push_back(admitted);
+      queue.erase(queue.begin() + static_cast<std::ptrdiff_t>(*a));
+      queue_index.erase(queue_index.begin() + static_cast<std::ptrdiff_t>(*a));
+    }
+  }
+  // 3. Prefill chunks of requests admitted earlier, oldest first, with what is left.
   for (size_t i = 0; i < running.size() && budget > 0; ++i) {
     if (gone[i] || running[i].prefill_tokens == 0) continue;
     const int n = std::min(running[i].prefill_tokens, budget);
     plan.prefill.push_back({i, n});
     budget -= n;
-  }
-  // 3. Admission, by Admit's rule, against the pages left and everything in flight then.
-  if (!plan.preempt.empty()) return plan;  // the pool just ran dry: nothing more comes in
-  std::vector<SchedRequest> in_flight, queue(waiting.begin(), waiting.end());
-  std::vector<size_t> queue_index(waiting.size());
-  for (size_t i = 0; i < waiting.size(); ++i) queue_index[i] = i;
-  for (const SchedRequest& r : running) in_flight.push_back(r);
-  isolation::TenantId turn = last_tenant_;
-  while (budget > 0 && !queue.empty() &&
-         (limits.admissions < 0 || static_cast<int64_t>(plan.admit.size()) < limits.admissions)) {
-    const std::optional<size_t> a = AdmitAfter(queue, in_flight, static_cast<int>(free), turn);
-    if (!a) break;
-    SchedRequest admitted = queue[*a];
-    const int n = std::min(admitted.prefill_tokens, budget);
-    plan.admit.push_back({queue_index[*a], n});
-    budget -= n;
-    free -= admitted.prefill_pages;
-    turn = admitted.tenant;
-    admitted.held_pages = admitted.prefill_pages;
-    in_flight.push_back(admitted);
-    queue.erase(queue.begin() + static_cast<std::ptrdiff_t>(*a));
-    queue_index.erase(queue_index.begin() + static_cast<std::ptrdiff_t>(*a));
   }
   return plan;
 }

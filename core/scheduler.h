@@ -10,19 +10,23 @@
 //      back and it waits again, to be recomputed from its tokens (it has the least work to
 //      recompute, and the oldest finish first). Decode tokens are never held back by the
 //      token budget.
-//   2. Prefill that goes on: requests admitted in earlier steps whose prompt is not all in the
-//      cache compute their next chunk, oldest first, within the step's token budget
-//      (SchedulerOptions::step_tokens) less the decode tokens: a long prompt spreads over
-//      several steps (chunked prefill) and never holds decoding requests back for long.
-//   3. Admission, while budget, batch room and pages last and no request was preempted in this
-//      step: preempted requests come first, in queue order (their KV was thrown away and they
-//      hold the user's partial output); then tenants take turns: round robin over the
-//      tenants with a waiting request, starting after the tenant admitted last, each offering
-//      its oldest request, so one tenant's queue cannot starve another's. The request so
-//      chosen is admitted when the pool holds its whole prefill's pages plus the reserve and,
-//      while other requests are in flight, ceil(ratio x the pages they and it may still grow
-//      into). If it does not fit it waits, and nothing overtakes it: a long prompt is never
-//      starved by short ones. Its first chunk is computed in this step.
+//   2. Admission, while the step's token budget (SchedulerOptions::step_tokens) less the decode
+//      tokens, batch room and pages last, and no request was preempted in this step: preempted
+//      requests come first, in queue order (their KV was thrown away and they hold the user's
+//      partial output); then tenants take turns: round robin over the tenants with a waiting
+//      request, starting after the tenant admitted last, each offering its oldest request, so
+//      one tenant's queue cannot starve another's. The request so chosen is admitted when the
+//      pool holds its whole prefill's pages plus the reserve and, while other requests are in
+//      flight, ceil(ratio x the pages they and it may still grow into). If it does not fit it
+//      waits, and nothing overtakes it: a long prompt is never starved by short ones. Its first
+//      chunk (all of it if the budget allows) is computed in this step.
+//   3. Prefill that goes on: requests admitted in earlier steps whose prompt is not all in the
+//      cache compute their next chunk, oldest first, with the budget left: a long prompt
+//      spreads over several steps (chunked prefill).
+//   Admission comes before the chunks of prefills under way, so a short prompt waits at most
+//   one step behind long ones (head-of-line blocking), and a step's length stays bounded by
+//   the budget; the prefills under way take every token admissions leave, and admissions are
+//   bounded by the batch and the pool, so they always progress.
 //   * The admission ratio (SchedulerOptions::admission_ratio): the estimate of how much of
 //     max_tokens requests use, raised to 1 by every preemption.
 #ifndef KVGUARD_CORE_SCHEDULER_H_
@@ -61,7 +65,7 @@ struct SchedulerOptions {
   // The step's token budget: decode tokens plus prefill chunk tokens. Prefill chunks take what
   // the decode tokens leave. Larger steps amortise reading the weights over more tokens;
   // smaller ones bound how long a step (and so every running request's next token) takes.
-  int step_tokens = 512;
+  int step_tokens = 256;
 
   // Validate: InvalidArgument unless max_batch >= 1, reserve_pages >= 0, the three ratio
   // parameters are in [0, 1] and step_tokens >= max_batch (so that a prefill in flight always

@@ -187,15 +187,22 @@ struct Server::Impl {
     }
   }
 
-  // LogRequest writes one request log line; prompt text only with --log-prompts.
+  // LogRequest writes one request log line; prompt text only with --log-prompts. With the
+  // engine's result, also its queue time (submit to admission) and time to first token, as the
+  // engine measured them (the client's own adds the HTTP path).
   void LogRequest(uint64_t id, const std::string& tenant, const std::string& route, int status,
                   int prompt_n, int output_n, const std::string& outcome, Clock::time_point start,
-                  const std::string& prompt) const {
+                  const std::string& prompt,
+                  const absl::StatusOr<GenerationResult>* result = nullptr) const {
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     std::string line =
         absl::StrCat("kvguard serve: request=", id, " tenant=", tenant, " route=", route,
                      " status=", status, " prompt_tokens=", prompt_n,
                      " completion_tokens=", output_n, " outcome=", outcome, " seconds=", seconds);
+    if (result != nullptr && result->ok() && !(*result)->tokens.empty()) {
+      absl::StrAppend(&line, " queue_seconds=", (*result)->queue_seconds,
+                      " first_token_seconds=", (*result)->first_token_seconds);
+    }
     if (options.log_prompts) absl::StrAppend(&line, " prompt=", Dump(json(prompt)));
     line += '\n';
     std::fputs(line.c_str(), stderr);
@@ -358,7 +365,7 @@ void Server::Impl::HandleCompletion(const httplib::Request& req, httplib::Respon
                   "application/json");
   Count(name, route, 200);
   CountTokens(prompt_n, output_n, finish);
-  LogRequest(*id, name, route, 200, prompt_n, output_n, finish, start, request.prompt);
+  LogRequest(*id, name, route, 200, prompt_n, output_n, finish, start, request.prompt, &result);
 }
 
 void Server::Impl::StreamResponse(httplib::Response& res, RequestId id, CompletionRequest request,
@@ -434,7 +441,8 @@ void Server::Impl::StreamResponse(httplib::Response& res, RequestId id, Completi
         const std::string route = req->chat ? "/v1/chat/completions" : "/v1/completions";
         Count(tenant, route, *status);
         CountTokens(prompt_n, output_n, *outcome);
-        LogRequest(id, tenant, route, *status, prompt_n, output_n, *outcome, start, req->prompt);
+        LogRequest(id, tenant, route, *status, prompt_n, output_n, *outcome, start, req->prompt,
+                   &stream->result);
       });
 }
 

@@ -324,8 +324,8 @@ int RunBenchEngine(const std::vector<std::string>& argv) {
       BuildDescription(), "\nModel `", options.model, "` (", mc.ParameterCount() / 1000000,
       "M parameters), prefill weights ", kernels::WeightFormatName(options.weights.prefill_weights),
       ", context ", context, " tokens per request (prompt ", prompt_len, "), ", per_client,
-      " requests per concurrent client, decode threads ", options.engine.threads,
-      ", KV budget ", kv_budget / 1048576.0, " MiB for every configuration, ", rounds,
+      " requests per concurrent client, decode threads ", options.engine.threads, ", KV budget ",
+      kv_budget / 1048576.0, " MiB for every configuration, ", rounds,
       " interleaved round(s) (configuration order alternating), medians over rounds.\n"
       "STREAM read (2 threads) measured in this run: ",
       stream_before, " GB/s before, ", stream_after,

@@ -17,7 +17,9 @@ const char kEngineFlagsHelp[] =
     "  --kv-cache-fraction F        else this fraction of available memory (default 0.1)\n"
     "  --page-size P                tokens per KV page (default 16)\n"
     "  --threads N                  threads of the engine's kernels (default 2)\n"
-    "  --max-batch N                most requests decoded together (default 64)\n"
+    "  --max-batch N                most requests in flight at once (default 64)\n"
+    "  --step-tokens N              a step's token budget: decode tokens plus prefill\n"
+    "                               chunks; >= --max-batch (default 256)\n"
     "  --admission-ratio F          first estimate of the fraction of max_tokens requests\n"
     "                               use; admission reserves that much of their growth (then\n"
     "                               follows observed usage, 1 after a preemption; default 1;\n"
@@ -196,6 +198,10 @@ bool ParseEngineFlag(Args& a, core::RuntimeOptions* o, absl::Status* status) {
   }
   if (a.Flag("--admission-ratio")) {
     *status = a.Double(&o->engine.admission_ratio, 0, 1);  // 0: greedy, always
+    return true;
+  }
+  if (a.Flag("--step-tokens")) {
+    *status = a.Int(&o->engine.step_tokens, 1, 1 << 20);  // >= max batch: Engine::Create
     return true;
   }
   return false;

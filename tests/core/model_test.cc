@@ -109,6 +109,96 @@ TEST(ModelTest, BatchedDecodeEqualsEachAlone) {
 // The bug class "prefill's write-page tag check is done before the first layer only": a page
 // that changes hands after layer 0 has written into it must not be written by any later
 // layer. Twin: an untouched page table is written by every layer and reports no fault.
+// A prompt prefilled in chunks over several forward passes (each attending to the earlier ones
+// through the paged cache) gives the logits of prefilling it whole, and leaves the same K and V
+// for the decode step after it; FP8 KV (as served) and INT4 decode weights, FP8 prefill weights.
+TEST(ModelTest, ChunkedPrefillEqualsWholePrefill) {
+  kernels::ThreadPool tp(2);
+  for (const KvDtype kv : {KvDtype::kFp32, KvDtype::kFp8E4m3}) {
+    SCOPED_TRACE(kv == KvDtype::kFp32 ? "fp32 kv" : "fp8 kv");
+    Loaded l = Load("tiny", WeightFormat::kFp8, WeightFormat::kInt4, kv, &tp);
+    const ModelConfig& c = l.model->config();
+    std::vector<int> prompt;
+    for (int i = 0; i < 45; ++i) prompt.push_back((i * 37 + 5) % 256);
+    std::vector<PageGrant> whole_pages, chunk_pages;
+    ASSERT_TRUE(l.pool->table().GrantMany(Owner{0, 1}, 4, &whole_pages).ok());
+    ASSERT_TRUE(l.pool->table().GrantMany(Owner{0, 2}, 4, &chunk_pages).ok());
+    std::vector<float> whole(c.vocab_size), chunked(c.vocab_size);
+    ASSERT_TRUE(l.model->Prefill(prompt, whole_pages, *l.pool, whole.data(), &tp).ok());
+    // Chunks of 16, 3 and 26 tokens: page boundaries inside and between chunks.
+    int at = 0;
+    for (const int n : {16, 3, 26}) {
+      const Model::Chunk ch{.tokens = std::span(prompt).subspan(size_t(at), size_t(n)),
+                            .pos = at,
+                            .pages = chunk_pages,
+                            .prefill = true,
+                            .logits = at + n == 45,
+                            .check_tags = false,
+                            .tag_fault = nullptr};
+      ASSERT_TRUE(l.model->Forward({&ch, 1}, *l.pool, chunked.data(), &tp).ok());
+      at += n;
+    }
+    EXPECT_LE(MaxAbsDiff(whole, chunked.data()), 1e-5);
+    // The next decode step reads what the chunks wrote: the same as after the whole prefill.
+    const Model::DecodeItem a{7, 45, whole_pages}, b{7, 45, chunk_pages};
+    std::vector<float> la(c.vocab_size), lb(c.vocab_size);
+    ASSERT_TRUE(l.model->Decode({&a, 1}, *l.pool, la.data(), &tp).ok());
+    ASSERT_TRUE(l.model->Decode({&b, 1}, *l.pool, lb.data(), &tp).ok());
+    EXPECT_LE(MaxAbsDiff(la, lb.data()), 1e-5);
+    // Twin: a different chunk would change them (the comparison can fail).
+    std::vector<int> other = prompt;
+    other[20] = (other[20] + 1) % 256;
+    std::vector<PageGrant> other_pages;
+    ASSERT_TRUE(l.pool->table().GrantMany(Owner{0, 3}, 4, &other_pages).ok());
+    std::vector<float> changed(c.vocab_size);
+    ASSERT_TRUE(l.model->Prefill(other, other_pages, *l.pool, changed.data(), &tp).ok());
+    EXPECT_GT(MaxAbsDiff(whole, changed.data()), 1e-3);
+  }
+}
+
+// One forward pass over a mixed batch (decode tokens through the decode weights, a prefill
+// chunk through the prefill weights) gives each sequence the logits it gets alone.
+TEST(ModelTest, AMixedBatchEqualsEachChunkAlone) {
+  kernels::ThreadPool tp(2);
+  Loaded l = Load("tiny", WeightFormat::kFp8, WeightFormat::kInt4, KvDtype::kFp8E4m3, &tp);
+  const ModelConfig& c = l.model->config();
+  const size_t V = static_cast<size_t>(c.vocab_size);
+  std::vector<int> p0 = {1, 2, 3, 4, 5, 6, 7}, p1 = {9, 8, 7}, fresh;
+  for (int i = 0; i < 20; ++i) fresh.push_back((i * 11 + 3) % 256);
+  std::vector<PageGrant> g0, g1, g2, g2_alone;
+  ASSERT_TRUE(l.pool->table().GrantMany(Owner{0, 1}, 2, &g0).ok());
+  ASSERT_TRUE(l.pool->table().GrantMany(Owner{0, 2}, 2, &g1).ok());
+  ASSERT_TRUE(l.pool->table().GrantMany(Owner{0, 3}, 2, &g2).ok());
+  ASSERT_TRUE(l.pool->table().GrantMany(Owner{0, 4}, 2, &g2_alone).ok());
+  std::vector<float> scratch(V);
+  ASSERT_TRUE(l.model->Prefill(p0, g0, *l.pool, scratch.data(), &tp).ok());
+  ASSERT_TRUE(l.model->Prefill(p1, g1, *l.pool, scratch.data(), &tp).ok());
+  const int t0 = 42, t1 = 43;
+  // Alone first: decode 0 and 1 write position 7 and 3; the mixed pass rewrites the same.
+  std::vector<float> a0(V), a1(V), a2(V);
+  const Model::DecodeItem d0{t0, 7, g0}, d1{t1, 3, g1};
+  ASSERT_TRUE(l.model->Decode({&d0, 1}, *l.pool, a0.data(), &tp).ok());
+  ASSERT_TRUE(l.model->Decode({&d1, 1}, *l.pool, a1.data(), &tp).ok());
+  ASSERT_TRUE(l.model->Prefill(fresh, g2_alone, *l.pool, a2.data(), &tp).ok());
+  // Mixed, with the prefill chunk first in the list: the model orders rows by phase itself.
+  const std::vector<Model::Chunk> mixed = {
+      {.tokens = fresh, .pos = 0, .pages = g2, .prefill = true},
+      {.tokens = std::span(&t0, 1), .pos = 7, .pages = g0, .prefill = false},
+      {.tokens = std::span(&t1, 1), .pos = 3, .pages = g1, .prefill = false}};
+  std::vector<float> out(3 * V);
+  ASSERT_TRUE(l.model->Forward(mixed, *l.pool, out.data(), &tp).ok());
+  EXPECT_LE(MaxAbsDiff(a2, &out[0]), 1e-5) << "the prefill chunk";
+  EXPECT_LE(MaxAbsDiff(a0, &out[V]), 1e-5) << "decode 0";
+  EXPECT_LE(MaxAbsDiff(a1, &out[2 * V]), 1e-5) << "decode 1";
+  // Twin: the phases' weights differ (FP8 and INT4), so the same token through the other
+  // phase's weights gives other logits: the row order by phase is what makes them equal.
+  const Model::Chunk as_prefill{
+      .tokens = std::span(&t0, 1), .pos = 7, .pages = g0, .prefill = true};
+  std::vector<float> other(V);
+  ASSERT_TRUE(l.model->Forward({&as_prefill, 1}, *l.pool, other.data(), &tp).ok());
+  EXPECT_GT(MaxAbsDiff(a0, other.data()), 1e-4);
+}
+
 TEST(ModelTest, PrefillChecksItsWritePagesBeforeEveryLayer) {
   const TinyModel& t = Fp32Tiny();
   Model& model = *t.model;

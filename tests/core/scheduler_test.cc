@@ -190,21 +190,29 @@ TEST(SchedulerTest, ALongPromptIsPrefilledInChunksOfTheBudget) {
   EXPECT_EQ(whole.Schedule({}, std::vector{Prompt(1, 1, 100, 7)}, 10).admit, (Chunks{{0, 100}}));
 }
 
-// Decode tokens are never held back by the budget, and they take their share of it first: the
-// prefill beside them gets what is left.
-TEST(SchedulerTest, DecodeTokensComeFirstAndPrefillTakesWhatTheyLeave) {
+// Decode tokens are never held back by the budget, and they take their share of it first;
+// then a waiting prompt is admitted (a short prompt does not wait behind a long one under way),
+// and the prefill under way gets what is left.
+TEST(SchedulerTest, DecodeTokensComeFirstThenAdmissionsThenPrefillUnderWay) {
   Scheduler s(Budget(8));
   const std::vector<SchedRequest> running = {Decoding(1, 1), Prefilling(2, 3, 30), Decoding(3, 1)};
   const StepPlan p = s.Schedule(running, std::vector{Prompt(4, 2, 5, 1)}, 10);
   EXPECT_EQ(p.decode, (std::vector<size_t>{0, 2}));
-  EXPECT_EQ(p.prefill, (Chunks{{1, 6}})) << "8 - 2 decode tokens";
-  EXPECT_TRUE(p.admit.empty()) << "no budget left for the waiting prompt";
-  // Twin: once the long prefill is down to 2 tokens, the waiting prompt gets the rest.
-  const std::vector<SchedRequest> later = {Decoding(1, 1), Prefilling(2, 3, 2), Decoding(3, 1)};
-  const StepPlan q = s.Schedule(later, std::vector{Prompt(4, 2, 5, 1)}, 10);
-  EXPECT_EQ(q.prefill, (Chunks{{1, 2}}));
-  EXPECT_EQ(q.admit, (Chunks{{0, 4}}));
-  EXPECT_EQ(q.tokens(), 8);
+  EXPECT_EQ(p.admit, (Chunks{{0, 5}}));
+  EXPECT_EQ(p.prefill, (Chunks{{1, 1}})) << "8 - 2 decode tokens - 5 admitted";
+  EXPECT_EQ(p.tokens(), 8);
+  // Twin: with nothing waiting, the prefill under way gets all that decoding leaves.
+  const StepPlan q = s.Schedule(running, {}, 10);
+  EXPECT_TRUE(q.admit.empty());
+  EXPECT_EQ(q.prefill, (Chunks{{1, 6}}));
+}
+
+// Two prefills under way: the older gets its chunk first, the newer what is left.
+TEST(SchedulerTest, PrefillsUnderWayGoOldestFirst) {
+  Scheduler s(Budget(10));
+  const StepPlan p =
+      s.Schedule(std::vector{Prefilling(1, 3, 7), Prefilling(2, 3, 20)}, {}, /*free_pages=*/0);
+  EXPECT_EQ(p.prefill, (Chunks{{0, 7}, {1, 3}}));
 }
 
 // Short prompts beside a long one: one step admits several (each tenant in turn), as far as the

@@ -138,6 +138,17 @@ class Server:
                 out[int(m.group(1))] = m.group(2)
         return out
 
+    def request_timings(self):
+        """Maps engine request id -> (queue_seconds, first_token_seconds), as the engine measured
+        them, from the server's request log (requests that produced a token)."""
+        out = {}
+        for line in self.stderr_path.read_text().splitlines():
+            m = re.match(r"kvguard serve: request=(\d+) .* queue_seconds=(\S+) "
+                         r"first_token_seconds=(\S+)", line)
+            if m:
+                out[int(m.group(1))] = (float(m.group(2)), float(m.group(3)))
+        return out
+
     def audit_records(self, *filters):
         out = subprocess.run([KVGUARD, "audit", "query", str(self.audit_dir), "--json", *filters],
                              capture_output=True, text=True, check=True).stdout
