@@ -103,6 +103,7 @@ StepPlan Scheduler::Schedule(std::span<const SchedRequest> running,
     plan.decode.push_back(i);
   }
   int budget = options_.step_tokens - static_cast<int>(plan.decode.size());
+  const int whole_budget = budget;
   // 2. Admission, by Admit's rule, against the pages left and everything in flight then; none
   // in a step that just found the pool dry.
   if (plan.preempt.empty()) {
@@ -116,6 +117,11 @@ StepPlan Scheduler::Schedule(std::span<const SchedRequest> running,
       const std::optional<size_t> a = AdmitAfter(queue, in_flight, static_cast<int>(free), turn);
       if (!a) break;
       SchedRequest admitted = queue[*a];
+      // A prompt that one step's budget could hold is computed whole, in one step: it waits for
+      // the next step (admissions first) rather than start here with what is left and then queue
+      // as a prefill under way behind the long ones. Only a prompt longer than that starts with
+      // a partial chunk.
+      if (admitted.prefill_tokens > budget && admitted.prefill_tokens <= whole_budget) break;
       const int n = std::min(admitted.prefill_tokens, budget);
       plan.admit.push_back({queue_index[*a], n});
       budget -= n;

@@ -18,8 +18,10 @@
 //      one tenant's queue cannot starve another's. The request so chosen is admitted when the
 //      pool holds its whole prefill's pages plus the reserve and, while other requests are in
 //      flight, ceil(ratio x the pages they and it may still grow into). If it does not fit it
-//      waits, and nothing overtakes it: a long prompt is never starved by short ones. Its first
-//      chunk (all of it if the budget allows) is computed in this step.
+//      waits, and nothing overtakes it: a long prompt is never starved by short ones. A prompt that
+//      the step's budget (less the decode tokens) could hold whole is admitted only when it
+//      fits whole in what is left, and then computed in this step; a longer one starts with
+//      what is left (chunked prefill).
 //   3. Prefill that goes on: requests admitted in earlier steps whose prompt is not all in the
 //      cache compute their next chunk, oldest first, with the budget left: a long prompt
 //      spreads over several steps (chunked prefill).

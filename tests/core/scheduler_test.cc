@@ -207,6 +207,26 @@ TEST(SchedulerTest, DecodeTokensComeFirstThenAdmissionsThenPrefillUnderWay) {
   EXPECT_EQ(q.prefill, (Chunks{{1, 6}}));
 }
 
+// A prompt that a step could hold whole is not started with the few tokens left after a long
+// one's chunk: it waits one step and is then computed whole (admissions come first), instead of
+// queueing as a prefill under way behind the long prompt.
+TEST(SchedulerTest, AShortPromptIsComputedWholeInOneStep) {
+  Scheduler s(Budget(10));
+  const std::vector<SchedRequest> q = {Prompt(1, 1, 30, 3), Prompt(2, 2, 6, 1)};
+  const StepPlan p = s.Schedule({}, q, 10);
+  EXPECT_EQ(p.admit, (Chunks{{0, 10}})) << "the long one takes the step; the short one waits";
+  s.Admitted(1);
+  const StepPlan next =
+      s.Schedule(std::vector{Prefilling(1, 3, 20)}, std::vector{Prompt(2, 2, 6, 1)}, 7);
+  EXPECT_EQ(next.admit, (Chunks{{0, 6}})) << "whole, first";
+  EXPECT_EQ(next.prefill, (Chunks{{0, 4}}));
+  // Twin: a prompt longer than a whole step starts with what is left.
+  const StepPlan long_one =
+      s.Schedule(std::vector{Prefilling(1, 3, 20)}, std::vector{Prompt(3, 2, 16, 2)}, 7);
+  EXPECT_EQ(long_one.admit, (Chunks{{0, 10}}));
+  EXPECT_TRUE(long_one.prefill.empty());
+}
+
 // Two prefills under way: the older gets its chunk first, the newer what is left.
 TEST(SchedulerTest, PrefillsUnderWayGoOldestFirst) {
   Scheduler s(Budget(10));
