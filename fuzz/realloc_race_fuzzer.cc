@@ -1,10 +1,15 @@
-// fuzz/realloc_race_fuzzer.cc: the engine's concurrent actors as logical threads under a
+// fuzz/realloc_race_fuzzer.cc: concurrent actors on one shared pool as logical threads under a
 // cooperative, deterministic scheduler. Every action of a thread is one access to shared
 // isolation or pool state (fuzz/harness/world.h), and the scheduler chooses which thread
-// makes the next one, so the input is an interleaving:
-//   prefill worker   admits waiting requests in order, verifies, writes their pages, hands
-//                    them over to decode
-//   decode worker    runs decode steps of the handed-over requests round robin: grow, pin +
+// makes the next one, so the input is an interleaving. The engine itself runs its steps on
+// one thread (core/engine.h); these actors are a harsher world than it: prefill and decode
+// steps of different requests, cancels, preemptions, copies, key and mode changes all
+// interleave at every access, as they would with several engines or an offload engine on one
+// pool, and every step still goes through the engine's StepGuard:
+//   prefill actor    admits waiting requests in order, verifies, writes their pages, and at
+//                    the end of the prefill lets a cancelled request go
+//                    (SessionPages::ContinueUnlessCancelled)
+//   decode actor     runs decode steps of the prefilled requests round robin: grow, pin +
 //                    verify, write, read each page, unpin + re-verify
 //   submitter        opens new requests (tenant, prompt, length from the input)
 //   canceller        cancels requests at the moments the schedule gives it

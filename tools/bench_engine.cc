@@ -1,8 +1,8 @@
 // `kvguard bench` (engine): the serving experiment. A fixed KV byte budget and a fixed
 // context per request; closed-loop load at each concurrency (C requests always in flight);
 // configurations side by side: decode-weight format x KV cache dtype, interleaved over rounds.
-// Per point: output tokens/s (whole run) and decode tokens/s (decode steps' tokens over the
-// decode worker's busy time), p50/p99 time per output token, most requests admitted at once,
+// Per point: output tokens/s (whole run) and decode tokens/s (tokens of the steps that decoded,
+// over those steps' time), p50/p99 time per output token, most requests admitted at once,
 // preemptions, and the decode effective bandwidth (weight + KV bytes the decode steps read, over
 // their busy time) as a fraction of the STREAM read bandwidth measured in the same run; ratios
 // between configurations that differ in one knob, per round, median over rounds. Writes JSON,
@@ -45,7 +45,7 @@ struct Point {
   int64_t output_tokens = 0;
   double seconds = 0;
   double tokens_per_s = 0;
-  double decode_tokens_per_s = 0;  // decode steps' tokens over the decode worker's busy time
+  double decode_tokens_per_s = 0;  // decode tokens over the time of the steps that decoded
   double tpot_p50_ms = 0, tpot_p99_ms = 0;
   int max_running = 0;
   int64_t preemptions = 0;
@@ -324,14 +324,15 @@ int RunBenchEngine(const std::vector<std::string>& argv) {
       BuildDescription(), "\nModel `", options.model, "` (", mc.ParameterCount() / 1000000,
       "M parameters), prefill weights ", kernels::WeightFormatName(options.weights.prefill_weights),
       ", context ", context, " tokens per request (prompt ", prompt_len, "), ", per_client,
-      " requests per concurrent client, decode threads ", options.engine.threads, ", KV budget ",
+      " requests per concurrent client, engine threads ", options.engine.threads, ", KV budget ",
       kv_budget / 1048576.0, " MiB for every configuration, ", rounds,
       " interleaved round(s) (configuration order alternating), medians over rounds.\n"
       "STREAM read (2 threads) measured in this run: ",
       stream_before, " GB/s before, ", stream_after,
       " GB/s after; % of STREAM is against the larger.\n\n"
       "Output tok/s counts every generated token over the whole run (prefill included); decode "
-      "tok/s counts tokens of decode steps over the decode worker's busy time; decode effective "
+      "tok/s counts decode tokens over the time of the steps that decoded (a mixed step's prefill "
+      "chunks included); decode effective "
       "GB/s is (decode weights x steps + KV bytes every step attended to) over that time.\n\n"
       "| config (decode weights / KV) | concurrency | KV capacity (tokens) | output tok/s | "
       "decode tok/s | TPOT p50 ms | TPOT p99 ms | most running | preemptions | decode effective "

@@ -1,5 +1,5 @@
-// `kvguard generate`: one prompt through the full engine (prefill worker, decode worker,
-// paged KV pool), text streamed to stdout, then the timing.
+// `kvguard generate`: one prompt through the full engine (scheduler, engine thread, paged KV
+// pool), text streamed to stdout, then the timing.
 #include <chrono>
 #include <cstdio>
 #include <string>
