@@ -33,8 +33,8 @@ struct FreeDeleter {
 
 // AllocTouched returns `bytes` of 2 MiB-aligned memory, every page written once (so neither
 // page faults nor zero-page sharing land inside a timed loop), backed by transparent huge pages
-// where the kernel grants them, as the engine's KV pool and weights are (core/kv_pool.cc): with
-// 4 KiB pages, scattered KV pages cost a TLB miss each, which the engine never pays.
+// where the kernel grants them, as the engine's KV pool and weights are (core/model/kv_pool.cc):
+// with 4 KiB pages, scattered KV pages cost a TLB miss each, which the engine never pays.
 template <typename T>
 std::unique_ptr<T[], FreeDeleter> AllocTouched(size_t count) {
   const size_t align = kernels::kHugePageBytes;

@@ -11,10 +11,10 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "core/audit_log_sink.h"
-#include "core/gguf_tokenizer.h"
-#include "core/gguf_weight_source.h"
-#include "core/synthetic_model.h"
+#include "core/model/gguf_weight_source.h"
+#include "core/model/synthetic_model.h"
+#include "core/service/audit_log_sink.h"
+#include "core/text/gguf_tokenizer.h"
 
 namespace kvguard::core {
 namespace {

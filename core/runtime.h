@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/engine.h"
-#include "core/kv_pool.h"
-#include "core/model.h"
-#include "core/tokenizer.h"
-#include "core/weight_source.h"
+#include "core/engine/engine.h"
+#include "core/model/kv_pool.h"
+#include "core/model/model.h"
+#include "core/model/weight_source.h"
+#include "core/text/tokenizer.h"
 
 namespace kvguard::core {
 

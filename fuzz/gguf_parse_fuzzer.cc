@@ -14,9 +14,9 @@
 #include <span>
 #include <vector>
 
-#include "core/gguf.h"
-#include "core/gguf_tokenizer.h"
-#include "core/gguf_weight_source.h"
+#include "core/gguf/gguf.h"
+#include "core/model/gguf_weight_source.h"
+#include "core/text/gguf_tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using kvguard::core::GgufTokenizer;

@@ -1,5 +1,5 @@
-// fuzz/openai_request_fuzzer.cc: the service's request parser (core/openai_api.h), the first
-// code a client's bytes reach. Every body is either a valid request or an error with a 4xx
+// fuzz/openai_request_fuzzer.cc: the service's request parser (core/service/openai_api.h), the
+// first code a client's bytes reach. Every body is either a valid request or an error with a 4xx
 // status, a code and a message, whose body is JSON; an accepted request must keep the parser's
 // bounds; and the text of any stream chunk, whatever bytes the model produced, must stay one
 // SSE event (no raw newline inside the data line).
@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-#include "core/openai_api.h"
+#include "core/service/openai_api.h"
 #include "nlohmann/json.hpp"
 
 namespace {

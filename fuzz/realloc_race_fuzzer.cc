@@ -2,7 +2,7 @@
 // cooperative, deterministic scheduler. Every action of a thread is one access to shared
 // isolation or pool state (fuzz/harness/world.h), and the scheduler chooses which thread
 // makes the next one, so the input is an interleaving. The engine itself runs its steps on
-// one thread (core/engine.h); these actors are a harsher world than it: prefill and decode
+// one thread (core/engine/engine.h); these actors are a harsher world than it: prefill and decode
 // steps of different requests, cancels, preemptions, copies, key and mode changes all
 // interleave at every access, as they would with several engines or an offload engine on one
 // pool, and every step still goes through the engine's StepGuard:

@@ -1,7 +1,7 @@
 // isolation/guard.h: the isolation layer as the engine sees it: the ownership table, the
 // tenants and their modes, the audit sink, the metrics, and what a violation does.
 //
-// The engine's side of the contract (core/engine.cc):
+// The engine's side of the contract (core/engine/engine.cc):
 //   * every page a request holds is granted by table() to Owner{tenant, session};
 //   * each step pins an epoch (table().PinStep()), then, for each request whose tenant's
 //     mode (read once per step) is not off, calls Verify before any of its KV is read and

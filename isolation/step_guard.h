@@ -1,7 +1,7 @@
 // isolation/step_guard.h: the one owner of the per-step isolation protocol.
 //
 // Every forward pass that reads or writes the KV cache (a decode step, a prefill, a mixed
-// batch) goes through this sequence, in this order, and the engine (core/engine.cc) and the
+// batch) goes through this sequence, in this order, and the engine (core/engine/engine.cc) and the
 // fuzz harness (fuzz/harness/world.cc) both drive it through this class, so the protocol the
 // fuzzers attack is the one that ships:
 //   1. Begin pins the table's epoch (a page released from then on is not granted again until

@@ -45,7 +45,7 @@ struct TenantPolicy {
   // Parse reads the JSON above. InvalidArgument naming the field for malformed JSON, unknown
   // or mistyped keys, bad or duplicate names, unknown modes, or an out-of-range limit.
   // `extension_keys` are per-tenant keys that a layer above owns (the service's API keys and
-  // limits, core/service_config.h): they are skipped here, and that layer checks them.
+  // limits, core/service/service_config.h): they are skipped here, and that layer checks them.
   static absl::StatusOr<TenantPolicy> Parse(std::string_view json,
                                             std::span<const std::string_view> extension_keys = {});
   // LoadFile reads and parses `path`; NotFound / the parse error, prefixed with the path.

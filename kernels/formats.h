@@ -297,7 +297,7 @@ struct PagedKvView {
 // PackedKvView returns the view of a pool whose pages are packed back to back (head_stride =
 // page_size * head_dim, page_stride = num_kv_heads * head_stride) at k and v; scales and tags
 // are left for the caller to set. For tests, benchmarks and fuzz targets that build pools by
-// hand (the engine's pool, core/kv_pool.h, interleaves layers and has its own strides).
+// hand (the engine's pool, core/model/kv_pool.h, interleaves layers and has its own strides).
 inline PagedKvView PackedKvView(KvDtype dtype, int page_size, int num_kv_heads, int head_dim,
                                 const void* k, const void* v) {
   PagedKvView kv;

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "core/engine.h"
-#include "core/tokenizer.h"
+#include "core/engine/engine.h"
+#include "core/text/tokenizer.h"
 #include "tools/flags.h"
 
 namespace kvguard::tools {

@@ -2,7 +2,7 @@
 // it: architecture and shapes, every tensor's stored type, the tokenizer, the bytes of the
 // weight matrices in each engine format after conversion (with the INT4 fallbacks), and the
 // KV cache bytes per token.
-#include "core/model.h"
+#include "core/model/model.h"
 
 #include <cstdio>
 #include <map>
@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/gguf.h"
-#include "core/gguf_tokenizer.h"
-#include "core/gguf_weight_source.h"
+#include "core/gguf/gguf.h"
+#include "core/model/gguf_weight_source.h"
+#include "core/text/gguf_tokenizer.h"
 #include "kernels/formats.h"
 #include "tools/commands.h"
 #include "tools/flags.h"

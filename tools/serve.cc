@@ -1,6 +1,6 @@
-// `kvguard serve`: the OpenAI-compatible multi-tenant service (core/server.h) over the engine,
-// until SIGTERM or SIGINT; then a graceful shutdown (drain, cancel after the deadline, flush
-// the audit log).
+// `kvguard serve`: the OpenAI-compatible multi-tenant service (core/service/server.h) over the
+// engine, until SIGTERM or SIGINT; then a graceful shutdown (drain, cancel after the deadline,
+// flush the audit log).
 #include <openssl/rand.h>
 #include <pthread.h>
 #include <signal.h>
@@ -16,10 +16,10 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "audit/private_file.h"
-#include "core/gguf_weight_source.h"
+#include "core/model/gguf_weight_source.h"
 #include "core/runtime.h"
-#include "core/server.h"
-#include "core/service_config.h"
+#include "core/service/server.h"
+#include "core/service/service_config.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
 
@@ -28,27 +28,28 @@ namespace {
 
 int ServeUsage(const std::string& error) {
   if (!error.empty()) std::fprintf(stderr, "kvguard serve: %s\n\n", error.c_str());
-  std::fprintf(stderr,
-               "usage: kvguard serve --tenants PATH | --demo-tenants PATH [options] [engine]\n"
-               "  --tenants PATH               tenant config (JSON: name, mode, api_keys as\n"
-               "                               sha256 digests, limits; core/service_config.h)\n"
-               "  --demo-tenants PATH          use PATH; if absent, create it with two demo\n"
-               "                               tenants (demo-a enforce, demo-b strict) and an\n"
-               "                               admin key, printing the keys this one time\n"
-               "  --host H / --port P          API listener (default 127.0.0.1:8080; 0 = any)\n"
-               "  --admin-host H / --admin-port P  admin listener (default 127.0.0.1:8081)\n"
-               "  --admin-key-file PATH        the admin key's digest (\"sha256:<hex>\")\n"
-               "  --model-name NAME            the model id clients use (default: --model,\n"
-               "                               or a GGUF file's name without .gguf)\n"
-               "  --max-body-bytes N           request body limit (default 1M)\n"
-               "  --read-timeout-ms MS / --write-timeout-ms MS  slow-client limits (10000)\n"
-               "  --http-threads N             connections served at once (default 128)\n"
-               "  --default-max-tokens N       when a request names none (default 16)\n"
-               "  --shutdown-deadline-ms MS    on SIGTERM, in-flight requests get this long\n"
-               "                               before they are cancelled (default 10000)\n"
-               "  --log-prompts                put prompt text in request log lines (off)\n"
-               "%s",
-               kEngineFlagsHelp);
+  std::fprintf(
+      stderr,
+      "usage: kvguard serve --tenants PATH | --demo-tenants PATH [options] [engine]\n"
+      "  --tenants PATH               tenant config (JSON: name, mode, api_keys as\n"
+      "                               sha256 digests, limits; core/service/service_config.h)\n"
+      "  --demo-tenants PATH          use PATH; if absent, create it with two demo\n"
+      "                               tenants (demo-a enforce, demo-b strict) and an\n"
+      "                               admin key, printing the keys this one time\n"
+      "  --host H / --port P          API listener (default 127.0.0.1:8080; 0 = any)\n"
+      "  --admin-host H / --admin-port P  admin listener (default 127.0.0.1:8081)\n"
+      "  --admin-key-file PATH        the admin key's digest (\"sha256:<hex>\")\n"
+      "  --model-name NAME            the model id clients use (default: --model,\n"
+      "                               or a GGUF file's name without .gguf)\n"
+      "  --max-body-bytes N           request body limit (default 1M)\n"
+      "  --read-timeout-ms MS / --write-timeout-ms MS  slow-client limits (10000)\n"
+      "  --http-threads N             connections served at once (default 128)\n"
+      "  --default-max-tokens N       when a request names none (default 16)\n"
+      "  --shutdown-deadline-ms MS    on SIGTERM, in-flight requests get this long\n"
+      "                               before they are cancelled (default 10000)\n"
+      "  --log-prompts                put prompt text in request log lines (off)\n"
+      "%s",
+      kEngineFlagsHelp);
   return error.empty() ? 0 : 2;
 }
 

@@ -1,5 +1,5 @@
 // `kvguard tenant`: list tenants and change a tenant's mode through a running server's admin API
-// (core/server.h). The admin key comes from --admin-key or $KVGUARD_ADMIN_KEY.
+// (core/service/server.h). The admin key comes from --admin-key or $KVGUARD_ADMIN_KEY.
 #include <httplib.h>
 
 #include <cstdio>

@@ -9,7 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "core/model_config.h"
+#include "core/model/model_config.h"
 #include "kernels/formats.h"
 
 namespace kvguard::fuzz {

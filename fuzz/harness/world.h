@@ -1,7 +1,7 @@
 // fuzz/harness/world.h: the shared world of the isolation fuzz targets (page_ops,
 // realloc_race): a real KV pool, ownership table, tag key ring and guard, requests that go
-// through the engine's page lifecycle (core/session_pages.h) one atomic action at a time, and
-// a shadow model that knows who should own what and checks every answer the real code gives.
+// through the engine's page lifecycle (core/engine/session_pages.h) one atomic action at a time,
+// and a shadow model that knows who should own what and checks every answer the real code gives.
 //
 // An action is one call into shared isolation or pool state (a grant, a verification, one
 // page read or write, a release, a pin, a copy, a key or mode change), so an interleaving of
@@ -45,8 +45,8 @@
 #include <string>
 #include <vector>
 
-#include "core/kv_pool.h"
-#include "core/session_pages.h"
+#include "core/engine/session_pages.h"
+#include "core/model/kv_pool.h"
 #include "isolation/guard.h"
 #include "isolation/ownership_table.h"
 #include "isolation/step_guard.h"

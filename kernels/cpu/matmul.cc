@@ -531,7 +531,7 @@ void FpMatMul(const WeightView& w, const float* x, int batch, float* y, ThreadPo
 // `kvguard generate`): 30% of Int4Rows' samples sat on those scale loads without this, 7% with
 // it; `kvguard bench --model medium` INT4/FP8 tok/s ratio 1.67 / 1.65 / 1.62 before, 1.86 /
 // 1.87 / 1.87 after (runs interleaved A B A B, together with the engine's fused Q/K/V and
-// gate/up, core/model.h). BM_MatMul, whose weight copies keep the scales on huge pages beside
+// gate/up, core/model/model.h). BM_MatMul, whose weight copies keep the scales on huge pages beside
 // the codes (in the engine each matrix's scales are a small separate allocation), did not show
 // it: faster in 13 of 24 interleaved pairs (INT4 at 6 shapes x 4 rounds, bench/results/
 // kernels.md). The AVX2 path prefetches them as it does its codes (one pass ahead, into L2);

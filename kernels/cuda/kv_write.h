@@ -1,9 +1,9 @@
 // kernels/cuda/kv_write.h: quantise-on-write of new tokens' K and V into paged KV on the GPU.
 //
 // The page layout is formats.h's PagedKvView (K [head_dim, P] and V [P, head_dim] per kv head
-// of a page), on device memory; the conversion is the CPU pool's (core/kv_pool.cc WriteToken),
-// bit for bit: FP8 stored = Fp8E4m3FromFloat(x / scale) with the per-(layer, kv head) scale
-// (saturating, correctly rounded division), BF16 Bf16FromFloat(x), FP32 as is.
+// of a page), on device memory; the conversion is the CPU pool's (core/model/kv_pool.cc
+// WriteToken), bit for bit: FP8 stored = Fp8E4m3FromFloat(x / scale) with the per-(layer, kv head)
+// scale (saturating, correctly rounded division), BF16 Bf16FromFloat(x), FP32 as is.
 #ifndef KVGUARD_KERNELS_CUDA_KV_WRITE_H_
 #define KVGUARD_KERNELS_CUDA_KV_WRITE_H_
 

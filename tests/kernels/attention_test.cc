@@ -894,7 +894,7 @@ TEST(PagedAttentionTest, ZeroExpectedTagNeverMatchesAFreePage) {
   q.page_table = &owned_page;
   q.expected_tags = &owned;
   EXPECT_EQ(FirstTagFault(kv, q), -1);
-  // The same rule in the write checks (core/model.cc uses PageTagMatches before every write).
+  // The same rule in the write checks (core/model/model.cc uses PageTagMatches before every write).
   EXPECT_FALSE(PageTagMatches(tags.data(), 2, free_page, zero));
   EXPECT_TRUE(PageTagMatches(tags.data(), 2, owned_page, owned));
   EXPECT_FALSE(PageTagMatches(tags.data(), 2, 2, owned));  // outside the pool

@@ -236,7 +236,7 @@ std::string AttentionCase(const AttentionSpec& spec) {
 
 // ---- quantise-on-write ---------------------------------------------------------------------
 // KvWriteSetup is a small pool and `count` tokens to write into it: the host's expected bytes
-// come from the CPU convention (StoreKvElement, as core/kv_pool.cc WriteToken).
+// come from the CPU convention (StoreKvElement, as core/model/kv_pool.cc WriteToken).
 struct KvWriteSetup {
   static constexpr int kKvHeads = 3, kDim = 64, kPage = 16, kPages = 5;
   explicit KvWriteSetup(KvDtype dtype, std::vector<cuda::KvSlot> slots_in) : slots(slots_in) {

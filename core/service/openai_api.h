@@ -1,0 +1,103 @@
+// core/service/openai_api.h: the OpenAI-compatible wire format of `kvguard serve`, apart from any
+// socket: request parsing and validation (/v1/completions, /v1/chat/completions), response and
+// stream-chunk bodies, server-sent events, and the error body every refusal carries:
+//   {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
+// Everything here is pure (no engine, no I/O), so tests drive it with strings.
+#ifndef KVGUARD_CORE_SERVICE_OPENAI_API_H_
+#define KVGUARD_CORE_SERVICE_OPENAI_API_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+
+namespace kvguard::core {
+
+// ApiError is one refusal: the HTTP status and the OpenAI error fields.
+struct ApiError {
+  int status = 400;
+  std::string type = "invalid_request_error";
+  std::string code;         // machine-readable, e.g. "invalid_api_key", "kv_integrity_violation"
+  std::string param;        // the request field at fault, "" if none
+  std::string message;      // for people; never holds prompt text or key material
+  uint64_t request_id = 0;  // the engine request (and audit log `request`), 0 if none
+};
+
+// ErrorBody returns the JSON body of `e` (with "request_id" inside "error" when set).
+std::string ErrorBody(const ApiError& e);
+// ErrorJson is ErrorBody's object (streams send it as one SSE event).
+nlohmann::json ErrorJson(const ApiError& e);
+
+// CompletionRequest is a validated request. For chat, `prompt` is the rendered conversation
+// (RenderChat).
+struct CompletionRequest {
+  bool chat = false;
+  std::string model;
+  std::string prompt;
+  int max_tokens = 0;
+  float temperature = 1.0f;  // OpenAI's default; 0 = greedy
+  float top_p = 1.0f;
+  std::optional<uint64_t> seed;
+  std::vector<std::string> stop;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage: a last chunk with usage
+  bool ignore_eos = false;     // vLLM's extension: generate max_tokens even past EOS
+};
+
+// RequestLimits are the bounds a request is validated against.
+struct RequestLimits {
+  std::string model;            // the one model served
+  int max_tokens = 2048;        // ceiling for max_tokens (the tenant's tokens_per_request)
+  int default_max_tokens = 16;  // when the request gives none (OpenAI's completions default)
+  size_t max_prompt_bytes = 1 << 20;
+};
+
+// ParseCompletionRequest validates `body` (JSON) for /v1/chat/completions when `chat`, else
+// /v1/completions, into *out. Returns nullopt on success, else the error naming the field:
+// malformed JSON or invalid UTF-8, a field of the wrong type, a missing prompt/messages/model,
+// max_tokens <= 0 or above limits.max_tokens, temperature outside [0, 2], top_p outside (0, 1],
+// more than 4 stop sequences, n != 1, an unknown model (404 model_not_found). Unknown fields
+// are ignored, as OpenAI's clients send optional fields this server does not implement.
+// Accepts vLLM's `ignore_eos` extension (generate max_tokens whatever the model emits).
+std::optional<ApiError> ParseCompletionRequest(std::string_view body, bool chat,
+                                               const RequestLimits& limits, CompletionRequest* out);
+
+// RenderChat turns chat messages into one prompt: "<role>: <content>\n" per message, then
+// "assistant: ". The built-in models have no chat template of their own; a GGUF model's
+// template is not applied (documented limitation).
+std::string RenderChat(const std::vector<std::pair<std::string, std::string>>& messages);
+
+// BearerToken returns the key of an "Authorization: Bearer KEY" header value, or nullopt.
+std::optional<std::string_view> BearerToken(std::string_view authorization);
+
+struct Usage {
+  int prompt_tokens = 0;
+  int completion_tokens = 0;
+};
+
+// CompletionBody returns the non-streaming response ("text_completion" or "chat.completion").
+nlohmann::json CompletionBody(const CompletionRequest& request, std::string_view id,
+                              int64_t created, std::string_view text,
+                              std::string_view finish_reason, const Usage& usage);
+// ChunkBody returns one stream chunk carrying `text` (chat: the first chunk also carries
+// role "assistant") and, on the last, `finish_reason` (null before).
+nlohmann::json ChunkBody(const CompletionRequest& request, std::string_view id, int64_t created,
+                         std::string_view text, std::optional<std::string_view> finish_reason,
+                         bool first);
+// UsageChunkBody returns the final chunk with no choices and `usage` (include_usage).
+nlohmann::json UsageChunkBody(const CompletionRequest& request, std::string_view id,
+                              int64_t created, const Usage& usage);
+
+// SseEvent returns `data: <json>\n\n`; kSseDone ends a stream.
+std::string SseEvent(const nlohmann::json& data);
+inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
+
+// Dump serialises `j` compactly; invalid UTF-8 becomes U+FFFD rather than an exception.
+std::string Dump(const nlohmann::json& j);
+
+}  // namespace kvguard::core
+
+#endif  // KVGUARD_CORE_SERVICE_OPENAI_API_H_

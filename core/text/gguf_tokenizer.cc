@@ -1,0 +1,528 @@
+#include "core/text/gguf_tokenizer.h"
+
+#include <cstdint>
+#include <cstdio>
+#include <queue>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvguard::core {
+namespace {
+
+constexpr std::string_view kSpmSpace = "\xE2\x96\x81";     // U+2581
+constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
+
+// ggml token types (tokenizer.ggml.token_type).
+constexpr int kTypeUnknown = 2;
+constexpr int kTypeControl = 3;
+constexpr int kTypeByte = 6;
+
+// Utf8Length returns the length of the well-formed UTF-8 sequence at text[pos] (1..4), or 0
+// when the bytes there are not one (then the byte stands alone). *cp receives the code point.
+size_t Utf8Length(std::string_view text, size_t pos, uint32_t* cp) {
+  const auto b = [&](size_t i) { return static_cast<unsigned char>(text[pos + i]); };
+  const unsigned char c = b(0);
+  *cp = c;
+  if (c < 0x80) return 1;
+  size_t n = 0;
+  unsigned char lo = 0x80, hi = 0xBF;
+  if (c >= 0xC2 && c <= 0xDF) {
+    n = 2, *cp = c & 0x1F;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    n = 3, *cp = c & 0x0F;
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    n = 4, *cp = c & 0x07;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+  } else {
+    return 0;
+  }
+  if (pos + n > text.size()) return 0;
+  for (size_t i = 1; i < n; ++i) {
+    const unsigned char x = b(i);
+    if (x < (i == 1 ? lo : 0x80) || x > (i == 1 ? hi : 0xBF)) return 0;
+    *cp = (*cp << 6) | (x & 0x3F);
+  }
+  return n;
+}
+
+// SymbolLength: the bytes of the symbol at `pos`, a whole character or one stray byte.
+size_t SymbolLength(std::string_view text, size_t pos, uint32_t* cp) {
+  const size_t n = Utf8Length(text, pos, cp);
+  if (n == 0) *cp = 0xFFFFFFFF;  // matches no class: an "other" character
+  return n == 0 ? 1 : n;
+}
+
+void AppendUtf8(uint32_t cp, std::string* out) {
+  if (cp < 0x80) {
+    out->push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else if (cp < 0x10000) {
+    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else {
+    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+}
+
+// GPT-2's bytes_to_unicode: printable bytes map to themselves, the rest to 256, 257, ...
+std::array<uint32_t, 256> ByteToCodePoint() {
+  std::array<uint32_t, 256> map{};
+  uint32_t next = 256;
+  for (uint32_t b = 0; b < 256; ++b) {
+    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+    map[b] = printable ? b : next++;
+  }
+  return map;
+}
+
+bool IsSpace(uint32_t cp) {
+  return cp == ' ' || (cp >= 0x09 && cp <= 0x0D) || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||
+         cp == 0x205F || cp == 0x3000;
+}
+bool IsDigit(uint32_t cp) { return cp >= '0' && cp <= '9'; }
+bool IsLetter(uint32_t cp) {
+  return (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z') ||
+         (cp >= 0x80 && cp != 0xFFFFFFFF && !IsSpace(cp));
+}
+enum class CharClass { kLetter, kDigit, kSpace, kOther };
+CharClass Classify(uint32_t cp) {
+  if (IsLetter(cp)) return CharClass::kLetter;
+  if (IsDigit(cp)) return CharClass::kDigit;
+  if (IsSpace(cp)) return CharClass::kSpace;
+  return CharClass::kOther;
+}
+
+// Gpt2Split cuts `text` into the pieces GPT-2's pattern matches:
+//   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+std::vector<std::string_view> Gpt2Split(std::string_view text) {
+  struct Char {
+    size_t pos, len;
+    CharClass cls;
+    uint32_t cp;
+  };
+  std::vector<Char> chars;
+  for (size_t pos = 0; pos < text.size();) {
+    uint32_t cp = 0;
+    const size_t n = SymbolLength(text, pos, &cp);
+    chars.push_back({pos, n, Classify(cp), cp});
+    pos += n;
+  }
+  std::vector<std::string_view> pieces;
+  const size_t n = chars.size();
+  auto emit = [&](size_t from, size_t to) {  // chars [from, to)
+    const size_t begin = chars[from].pos;
+    const size_t end = to < n ? chars[to].pos : text.size();
+    pieces.push_back(text.substr(begin, end - begin));
+  };
+  for (size_t i = 0; i < n;) {
+    // Contractions.
+    if (chars[i].cp == '\'' && i + 1 < n) {
+      const uint32_t a = chars[i + 1].cp, b = i + 2 < n ? chars[i + 2].cp : 0;
+      size_t len = 0;
+      if (a == 's' || a == 't' || a == 'm' || a == 'd') len = 2;
+      if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) len = 3;
+      if (len > 0) {
+        emit(i, i + len);
+        i += len;
+        continue;
+      }
+    }
+    // " ?X+" for X in letters, digits, other.
+    size_t j = i;
+    if (chars[j].cp == ' ' && j + 1 < n && chars[j + 1].cls != CharClass::kSpace) ++j;
+    if (chars[j].cls != CharClass::kSpace) {
+      const CharClass cls = chars[j].cls;
+      size_t k = j + 1;
+      while (k < n && chars[k].cls == cls) ++k;
+      emit(i, k);
+      i = k;
+      continue;
+    }
+    // Whitespace: \s+(?!\S) leaves the last space of a run followed by a non-space to the next
+    // piece; a single space before a non-space is matched by \s+.
+    size_t k = i;
+    while (k < n && chars[k].cls == CharClass::kSpace) ++k;
+    if (k < n && k - i > 1) --k;
+    emit(i, k);
+    i = k;
+  }
+  return pieces;
+}
+
+// HexByte parses "<0xXX>" into *b.
+bool HexByte(std::string_view text, unsigned char* b) {
+  if (text.size() != 6 || text.substr(0, 3) != "<0x" || text[5] != '>') return false;
+  unsigned v = 0;
+  for (int i = 3; i < 5; ++i) {
+    const char c = text[i];
+    v <<= 4;
+    if (c >= '0' && c <= '9') {
+      v |= unsigned(c - '0');
+    } else if (c >= 'A' && c <= 'F') {
+      v |= unsigned(c - 'A' + 10);
+    } else if (c >= 'a' && c <= 'f') {
+      v |= unsigned(c - 'a' + 10);
+    } else {
+      return false;
+    }
+  }
+  *b = static_cast<unsigned char>(v);
+  return true;
+}
+
+// SpecialId reads key `key`: absent -> `fallback`; 0xFFFFFFFF (ggml's "none") -> -1; any
+// other value must be a token id.
+absl::Status SpecialId(const gguf::File& f, const std::string& key, int vocab, int fallback,
+                       int* out) {
+  *out = fallback;
+  if (f.Find(key) == nullptr) return absl::OkStatus();
+  absl::StatusOr<uint64_t> v = f.GetUint(key, UINT64_MAX);
+  if (!v.ok()) return v.status();
+  if (*v == 0xFFFFFFFFu || *v == UINT64_MAX) {
+    *out = -1;
+  } else if (*v >= static_cast<uint64_t>(vocab)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key '", key, "' = ", *v, " is outside the vocabulary of ", vocab));
+  } else {
+    *out = static_cast<int>(*v);
+  }
+  return absl::OkStatus();
+}
+
+// PerTokenArray sets *out to the array at `key` (elements of `elem`, one per token), or to
+// nullptr when the key is absent.
+absl::Status PerTokenArray(const gguf::File& f, const std::string& key, gguf::ValueType elem,
+                           size_t vocab, const gguf::Value** out) {
+  *out = nullptr;
+  if (f.Find(key) == nullptr) return absl::OkStatus();
+  absl::StatusOr<const gguf::Value*> a = f.GetArray(key, elem);
+  if (!a.ok()) return a.status();
+  if ((*a)->count != vocab) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key '", key, "' has ", (*a)->count, " entries for ", vocab, " tokens"));
+  }
+  *out = *a;
+  return absl::OkStatus();
+}
+
+absl::Status OptionalBool(const gguf::File& f, const std::string& key, bool* out) {
+  if (f.Find(key) == nullptr) return absl::OkStatus();
+  absl::StatusOr<bool> v = f.GetBool(key);
+  if (!v.ok()) return v.status();
+  *out = *v;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GgufTokenizer>> GgufTokenizer::Create(const gguf::File& f) {
+  absl::StatusOr<std::string_view> model = f.GetString("tokenizer.ggml.model");
+  if (!model.ok()) return model.status();
+  std::unique_ptr<GgufTokenizer> t(new GgufTokenizer());
+  if (*model == "llama") {
+    t->kind_ = Kind::kSpm;
+  } else if (*model == "gpt2") {
+    t->kind_ = Kind::kBpe;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key 'tokenizer.ggml.model' is '", std::string(*model),
+                     "': kvguard reads 'llama' (SentencePiece) and 'gpt2' (byte-level BPE)"));
+  }
+  const bool spm = t->kind_ == Kind::kSpm;
+  absl::StatusOr<const gguf::Value*> tokens =
+      f.GetArray("tokenizer.ggml.tokens", gguf::ValueType::kString);
+  if (!tokens.ok()) return tokens.status();
+  const size_t vocab = (*tokens)->strings.size();
+  if (vocab < 1 || vocab > (size_t{1} << 22)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key 'tokenizer.ggml.tokens' has ", vocab, " tokens (must be 1..2^22)"));
+  }
+  t->scores_.assign(vocab, 0.0f);
+  std::vector<int> types(vocab, 1);  // ggml's NORMAL when there is no token_type
+  const gguf::Value* scores = nullptr;
+  const gguf::Value* type_array = nullptr;
+  if (auto s = PerTokenArray(f, "tokenizer.ggml.scores", gguf::ValueType::kFloat32, vocab, &scores);
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = PerTokenArray(f, "tokenizer.ggml.token_type", gguf::ValueType::kInt32, vocab,
+                             &type_array);
+      !s.ok()) {
+    return s;
+  }
+  for (size_t i = 0; scores != nullptr && i < vocab; ++i) {
+    t->scores_[i] = static_cast<float>(ArrayFloat(*scores, i));
+  }
+  for (size_t i = 0; type_array != nullptr && i < vocab; ++i) {
+    types[i] = static_cast<int>(ArrayInt(*type_array, i));
+  }
+  const int v = static_cast<int>(vocab);
+  if (auto s = SpecialId(f, "tokenizer.ggml.bos_token_id", v, spm ? 1 : -1, &t->bos_); !s.ok())
+    return s;
+  if (auto s = SpecialId(f, "tokenizer.ggml.eos_token_id", v, spm ? 2 : -1, &t->eos_); !s.ok())
+    return s;
+  if (auto s = SpecialId(f, "tokenizer.ggml.unknown_token_id", v, spm ? 0 : -1, &t->unk_); !s.ok())
+    return s;
+  if (spm && v <= 2) t->bos_ = t->eos_ = t->unk_ = -1;  // defaults need a vocabulary
+  t->add_bos_ = spm;
+  t->add_space_prefix_ = spm;
+  if (auto s = OptionalBool(f, "tokenizer.ggml.add_bos_token", &t->add_bos_); !s.ok()) return s;
+  if (auto s = OptionalBool(f, "tokenizer.ggml.add_eos_token", &t->add_eos_); !s.ok()) return s;
+  if (auto s = OptionalBool(f, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix_); !s.ok())
+    return s;
+
+  t->byte_id_.fill(-1);
+  const std::array<uint32_t, 256> byte_cp = ByteToCodePoint();
+  absl::flat_hash_map<uint32_t, unsigned char> cp_byte;
+  for (int b = 0; b < 256; ++b) {
+    AppendUtf8(byte_cp[b], &t->byte_char_[b]);
+    cp_byte[byte_cp[b]] = static_cast<unsigned char>(b);
+  }
+  t->tokens_.resize(vocab);
+  t->pieces_.resize(vocab);
+  t->special_.assign(vocab, false);
+  t->index_.reserve(vocab);
+  for (size_t i = 0; i < vocab; ++i) {
+    const std::string_view text = (*tokens)->strings[i];
+    t->tokens_[i] = std::string(text);
+    t->index_.emplace(t->tokens_[i], static_cast<int>(i));
+    std::string& piece = t->pieces_[i];
+    unsigned char byte = 0;
+    const bool special = types[i] == kTypeControl || static_cast<int>(i) == t->bos_ ||
+                         static_cast<int>(i) == t->eos_;
+    if (special) {
+      t->special_[i] = true;
+    } else if (types[i] == kTypeUnknown || static_cast<int>(i) == t->unk_) {
+      piece = std::string(kReplacement);
+    } else if (spm && types[i] == kTypeByte && HexByte(text, &byte)) {
+      piece = std::string(1, static_cast<char>(byte));
+      if (t->byte_id_[byte] < 0) t->byte_id_[byte] = static_cast<int>(i);
+    } else if (spm) {
+      for (size_t p = 0; p < text.size();) {
+        if (text.substr(p, kSpmSpace.size()) == kSpmSpace) {
+          piece.push_back(' ');
+          p += kSpmSpace.size();
+        } else {
+          piece.push_back(text[p++]);
+        }
+      }
+    } else {
+      for (size_t p = 0; p < text.size();) {
+        uint32_t cp = 0;
+        const size_t n = SymbolLength(text, p, &cp);
+        auto it = cp_byte.find(cp);
+        if (it != cp_byte.end()) {
+          piece.push_back(static_cast<char>(it->second));
+        } else {
+          piece.append(text.substr(p, n));
+        }
+        p += n;
+      }
+    }
+  }
+  if (!spm) {
+    for (int b = 0; b < 256; ++b) t->byte_id_[b] = t->TokenId(t->byte_char_[b]);
+    absl::StatusOr<const gguf::Value*> merges =
+        f.GetArray("tokenizer.ggml.merges", gguf::ValueType::kString);
+    if (!merges.ok()) return merges.status();
+    t->merge_rank_.reserve((*merges)->strings.size());
+    for (size_t i = 0; i < (*merges)->strings.size(); ++i) {
+      const std::string_view m = (*merges)->strings[i];
+      const size_t space = m.size() > 1 ? m.find(' ', 1) : std::string_view::npos;
+      if (space == std::string_view::npos) {
+        return absl::InvalidArgumentError(absl::StrCat("key 'tokenizer.ggml.merges': entry ", i,
+                                                       " is not two symbols separated by a space"));
+      }
+      t->merge_rank_.emplace(std::string(m), static_cast<int>(i));
+    }
+  }
+  return t;
+}
+
+int GgufTokenizer::TokenId(std::string_view text) const {
+  auto it = index_.find(std::string(text));
+  return it == index_.end() ? -1 : it->second;
+}
+
+void GgufTokenizer::AppendByte(unsigned char b, std::vector<int>* ids) const {
+  if (byte_id_[b] >= 0) {
+    ids->push_back(byte_id_[b]);
+  } else if (unk_ >= 0) {
+    ids->push_back(unk_);
+  }
+}
+
+std::vector<int> GgufTokenizer::Encode(std::string_view text, bool add_bos) const {
+  std::vector<int> ids;
+  if (add_bos && add_bos_ && bos_ >= 0) ids.push_back(bos_);
+  if (!text.empty()) {
+    if (kind_ == Kind::kSpm) {
+      EncodeSpm(text, &ids);
+    } else {
+      EncodeBpe(text, &ids);
+    }
+  }
+  if (add_bos && add_eos_ && eos_ >= 0) ids.push_back(eos_);
+  return ids;
+}
+
+void GgufTokenizer::EncodeSpm(std::string_view raw, std::vector<int>* ids) const {
+  std::string text;
+  text.reserve(raw.size() * 3 + 3);
+  if (add_space_prefix_) text.append(kSpmSpace);
+  for (const char c : raw) {
+    if (c == ' ') {
+      text.append(kSpmSpace);
+    } else {
+      text.push_back(c);
+    }
+  }
+  // Symbols form a linked list over `text`; merging grows the left one and empties the right.
+  struct Symbol {
+    int prev, next;
+    size_t pos, len;
+  };
+  std::vector<Symbol> sym;
+  for (size_t pos = 0; pos < text.size();) {
+    uint32_t cp = 0;
+    const size_t n = SymbolLength(text, pos, &cp);
+    const int i = static_cast<int>(sym.size());
+    sym.push_back({i - 1, i + 1, pos, n});
+    pos += n;
+  }
+  sym.back().next = -1;
+  struct Bigram {
+    int left, right;
+    float score;
+    size_t len;
+  };
+  const auto worse = [](const Bigram& a, const Bigram& b) {
+    return a.score < b.score || (a.score == b.score && a.left > b.left);
+  };
+  std::priority_queue<Bigram, std::vector<Bigram>, decltype(worse)> queue(worse);
+  const std::string_view all(text);
+  auto try_add = [&](int left, int right) {
+    if (left < 0 || right < 0) return;
+    const size_t len = sym[left].len + sym[right].len;
+    const int id = TokenId(all.substr(sym[left].pos, len));
+    if (id >= 0) queue.push({left, right, scores_[id], len});
+  };
+  for (size_t i = 1; i < sym.size(); ++i) try_add(static_cast<int>(i) - 1, static_cast<int>(i));
+  while (!queue.empty()) {
+    const Bigram b = queue.top();
+    queue.pop();
+    Symbol& l = sym[b.left];
+    Symbol& r = sym[b.right];
+    if (l.len == 0 || r.len == 0 || l.len + r.len != b.len) continue;  // stale
+    l.len += r.len;
+    r.len = 0;
+    l.next = r.next;
+    if (r.next >= 0) sym[r.next].prev = b.left;
+    try_add(l.prev, b.left);
+    try_add(b.left, l.next);
+  }
+  for (int i = 0; i >= 0; i = sym[i].next) {
+    const std::string_view s = all.substr(sym[i].pos, sym[i].len);
+    const int id = TokenId(s);
+    if (id >= 0) {
+      ids->push_back(id);
+    } else {
+      for (const char c : s) AppendByte(static_cast<unsigned char>(c), ids);
+    }
+  }
+}
+
+void GgufTokenizer::EncodeBpe(std::string_view text, std::vector<int>* ids) const {
+  std::string piece_text;
+  if (add_space_prefix_) {
+    piece_text = absl::StrCat(" ", std::string(text));
+    text = piece_text;
+  }
+  for (const std::string_view piece : Gpt2Split(text)) BpeWord(piece, ids);
+}
+
+void GgufTokenizer::BpeWord(std::string_view piece, std::vector<int>* ids) const {
+  std::vector<std::string> symbols;
+  symbols.reserve(piece.size());
+  for (const char c : piece) symbols.push_back(byte_char_[static_cast<unsigned char>(c)]);
+  // Merge the lowest-ranked adjacent pair (leftmost on ties) until no pair has a rank.
+  std::string key;
+  while (symbols.size() > 1) {
+    int best = -1, best_rank = 0;
+    for (size_t i = 0; i + 1 < symbols.size(); ++i) {
+      key = absl::StrCat(symbols[i], " ", symbols[i + 1]);
+      auto it = merge_rank_.find(key);
+      if (it != merge_rank_.end() && (best < 0 || it->second < best_rank)) {
+        best = static_cast<int>(i), best_rank = it->second;
+      }
+    }
+    if (best < 0) break;
+    symbols[best] += symbols[best + 1];
+    symbols.erase(symbols.begin() + best + 1);
+  }
+  for (const std::string& s : symbols) {
+    const int id = TokenId(s);
+    if (id >= 0) {
+      ids->push_back(id);
+      continue;
+    }
+    for (size_t p = 0; p < s.size();) {  // unmerged: one byte character at a time
+      uint32_t cp = 0;
+      const size_t n = SymbolLength(s, p, &cp);
+      const int byte_id = TokenId(std::string_view(s).substr(p, n));
+      if (byte_id >= 0) {
+        ids->push_back(byte_id);
+      } else if (unk_ >= 0) {
+        ids->push_back(unk_);
+      }
+      p += n;
+    }
+  }
+}
+
+std::string GgufTokenizer::DecodeToken(int id) const {
+  if (id < 0 || id >= vocab_size() || special_[id]) return std::string();
+  return pieces_[id];
+}
+
+std::string GgufTokenizer::Decode(std::span<const int> ids) const {
+  std::string text;
+  bool first = true;
+  for (const int id : ids) {
+    if (id < 0 || id >= vocab_size() || special_[id]) continue;
+    const std::string& piece = pieces_[id];
+    if (first && add_space_prefix_ && !piece.empty() && piece[0] == ' ') {
+      text.append(piece, 1, std::string::npos);
+    } else {
+      text += piece;
+    }
+    first = false;
+  }
+  return text;
+}
+
+std::string GgufTokenizer::Summary() const {
+  auto name = [&](int id) {
+    return id < 0 ? std::string("none") : absl::StrCat(id, " '", tokens_[id], "'");
+  };
+  return absl::StrCat(kind_ == Kind::kSpm ? "llama (SentencePiece)" : "gpt2 (byte-level BPE)", ", ",
+                      tokens_.size(), " tokens",
+                      kind_ == Kind::kBpe ? absl::StrCat(", ", merge_rank_.size(), " merges") : "",
+                      "; BOS ", name(bos_), ", EOS ", name(eos_), ", UNK ", name(unk_),
+                      "; add BOS ", add_bos_ ? "yes" : "no", ", add EOS ", add_eos_ ? "yes" : "no",
+                      ", space prefix ", add_space_prefix_ ? "yes" : "no");
+}
+
+}  // namespace kvguard::core

@@ -1,0 +1,123 @@
+#include "core/text/tokenizer.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace kvguard::core {
+namespace {
+
+constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ByteTokenizer>> ByteTokenizer::Create(int vocab_size) {
+  if (vocab_size < kMinVocab) {
+    return absl::InvalidArgumentError(absl::StrCat("byte tokenizer: vocab_size = ", vocab_size,
+                                                   ": must be >= ", kMinVocab,
+                                                   " (256 bytes, BOS, EOS)"));
+  }
+  return std::unique_ptr<ByteTokenizer>(new ByteTokenizer(vocab_size));
+}
+
+std::vector<int> ByteTokenizer::Encode(std::string_view text, bool add_bos) const {
+  std::vector<int> ids;
+  ids.reserve(text.size() + (add_bos ? 1 : 0));
+  if (add_bos) ids.push_back(kBos);
+  for (const char c : text) ids.push_back(static_cast<unsigned char>(c));
+  return ids;
+}
+
+void ByteTokenizer::AppendToken(int id, std::string* out) const {
+  if (id < 0 || id >= vocab_size_ || id == kBos || id == kEos) return;
+  const int byte = id < 256 ? id : (id - kMinVocab) % 256;
+  out->push_back(static_cast<char>(byte));
+}
+
+std::string ByteTokenizer::Decode(std::span<const int> ids) const {
+  std::string text;
+  text.reserve(ids.size());
+  for (const int id : ids) AppendToken(id, &text);
+  return text;
+}
+
+std::string ByteTokenizer::DecodeToken(int id) const {
+  std::string text;
+  AppendToken(id, &text);
+  return text;
+}
+
+// The state machine is the WHATWG Encoding Standard's UTF-8 decoder: the lead byte fixes how
+// many continuation bytes follow and narrows the range of the first one, which is what rules
+// out overlong forms (E0 80..9F, F0 80..8F), surrogates (ED A0..BF) and values above U+10FFFF
+// (F4 90..BF); C0, C1 and F5..FF can never start a sequence.
+void Utf8StreamDecoder::Step(unsigned char byte, std::string* out) {
+  if (needed_ == 0) {
+    if (byte < 0x80) {
+      out->push_back(static_cast<char>(byte));
+      return;
+    }
+    if (byte >= 0xC2 && byte <= 0xDF) {
+      needed_ = 1;
+    } else if (byte >= 0xE0 && byte <= 0xEF) {
+      needed_ = 2;
+      if (byte == 0xE0) lower_ = 0xA0;
+      if (byte == 0xED) upper_ = 0x9F;
+    } else if (byte >= 0xF0 && byte <= 0xF4) {
+      needed_ = 3;
+      if (byte == 0xF0) lower_ = 0x90;
+      if (byte == 0xF4) upper_ = 0x8F;
+    } else {
+      out->append(kReplacement);
+      return;
+    }
+    pending_.push_back(static_cast<char>(byte));
+    return;
+  }
+  if (byte < lower_ || byte > upper_) {
+    // What is pending is a maximal ill-formed subpart: one U+FFFD for all of it, and `byte`
+    // is looked at again as the possible start of the next sequence (needed_ is 0 by then, so
+    // this recurses once at most).
+    pending_.clear();
+    needed_ = 0;
+    lower_ = 0x80;
+    upper_ = 0xBF;
+    out->append(kReplacement);
+    Step(byte, out);
+    return;
+  }
+  lower_ = 0x80;
+  upper_ = 0xBF;
+  pending_.push_back(static_cast<char>(byte));
+  if (--needed_ == 0) {
+    out->append(pending_);
+    pending_.clear();
+  }
+}
+
+std::string Utf8StreamDecoder::Push(std::string_view bytes) {
+  std::string out;
+  out.reserve(bytes.size() + pending_.size());
+  for (const char c : bytes) Step(static_cast<unsigned char>(c), &out);
+  return out;
+}
+
+std::string Utf8StreamDecoder::Flush() {
+  if (needed_ == 0) return std::string();
+  pending_.clear();
+  needed_ = 0;
+  lower_ = 0x80;
+  upper_ = 0xBF;
+  return std::string(kReplacement);
+}
+
+bool IsValidUtf8(std::string_view text) {
+  // The decoder copies every well-formed sequence and rewrites each ill-formed subpart as
+  // U+FFFD. A rewrite can never reproduce the input (EF BF BD at that position would itself be
+  // well formed), so the output equals the input exactly when nothing was rewritten.
+  Utf8StreamDecoder decoder;
+  std::string out = decoder.Push(text);
+  out += decoder.Flush();
+  return out == text;
+}
+
+}  // namespace kvguard::core

@@ -1,0 +1,216 @@
+// Tests of core/service/openai_api.h: request validation (every bad input gets the right 4xx, the
+// field and the code; each has a valid twin), response and chunk shapes, SSE framing, bearer keys.
+#include "core/service/openai_api.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace kvguard::core {
+namespace {
+
+using json = nlohmann::json;
+
+RequestLimits Limits() {
+  RequestLimits l;
+  l.model = "small";
+  l.max_tokens = 100;
+  l.default_max_tokens = 16;
+  l.max_prompt_bytes = 64;
+  return l;
+}
+
+struct BadCase {
+  const char* name;
+  bool chat;
+  std::string body;
+  int status;
+  std::string param;
+  std::string code;
+};
+
+TEST(OpenAiApiTest, RefusesBadRequests) {
+  const BadCase cases[] = {
+      {"not json", false, "{\"model\": ", 400, "", "invalid_value"},
+      {"not an object", false, "[1, 2]", 400, "", "invalid_value"},
+      {"invalid utf-8", false, "{\"model\": \"small\", \"prompt\": \"\xC3\x28\"}", 400, "",
+       "invalid_value"},
+      {"overlong utf-8", false, "{\"model\": \"small\", \"prompt\": \"\xC0\xAF\"}", 400, "",
+       "invalid_value"},
+      {"surrogate", false, "{\"model\": \"small\", \"prompt\": \"\xED\xA0\x80\"}", 400, "",
+       "invalid_value"},
+      {"no model", false, R"({"prompt": "hi"})", 400, "model", "invalid_value"},
+      {"model not string", false, R"({"model": 3, "prompt": "hi"})", 400, "model", "invalid_type"},
+      {"unknown model", false, R"({"model": "gpt-5", "prompt": "hi"})", 404, "model",
+       "model_not_found"},
+      {"no prompt", false, R"({"model": "small"})", 400, "prompt", "invalid_value"},
+      {"prompt not string", false, R"({"model": "small", "prompt": 5})", 400, "prompt",
+       "invalid_type"},
+      {"token prompt", false, R"({"model": "small", "prompt": [1, 2]})", 400, "prompt",
+       "invalid_type"},
+      {"empty prompt", false, R"({"model": "small", "prompt": ""})", 400, "prompt",
+       "invalid_value"},
+      {"prompt too long", false, R"({"model": "small", "prompt": ")" + std::string(65, 'x') + "\"}",
+       400, "prompt", "context_length_exceeded"},
+      {"max_tokens 0", false, R"({"model": "small", "prompt": "hi", "max_tokens": 0})", 400,
+       "max_tokens", "invalid_value"},
+      {"max_tokens negative", false, R"({"model": "small", "prompt": "hi", "max_tokens": -5})", 400,
+       "max_tokens", "invalid_value"},
+      {"max_tokens huge", false, R"({"model": "small", "prompt": "hi", "max_tokens": 99999999999})",
+       400, "max_tokens", "invalid_value"},
+      {"max_tokens float", false, R"({"model": "small", "prompt": "hi", "max_tokens": 1.5})", 400,
+       "max_tokens", "invalid_type"},
+      {"max_tokens string", false, R"({"model": "small", "prompt": "hi", "max_tokens": "4"})", 400,
+       "max_tokens", "invalid_type"},
+      {"temperature", false, R"({"model": "small", "prompt": "hi", "temperature": 3})", 400,
+       "temperature", "invalid_value"},
+      {"temperature type", false, R"({"model": "small", "prompt": "hi", "temperature": "hot"})",
+       400, "temperature", "invalid_type"},
+      {"top_p zero", false, R"({"model": "small", "prompt": "hi", "top_p": 0})", 400, "top_p",
+       "invalid_value"},
+      {"seed type", false, R"({"model": "small", "prompt": "hi", "seed": "x"})", 400, "seed",
+       "invalid_type"},
+      {"stop type", false, R"({"model": "small", "prompt": "hi", "stop": 3})", 400, "stop",
+       "invalid_type"},
+      {"five stops", false,
+       R"({"model": "small", "prompt": "hi", "stop": ["a", "b", "c", "d", "e"]})", 400, "stop",
+       "invalid_value"},
+      {"empty stop", false, R"({"model": "small", "prompt": "hi", "stop": [""]})", 400, "stop",
+       "invalid_value"},
+      {"n 2", false, R"({"model": "small", "prompt": "hi", "n": 2})", 400, "n", "invalid_value"},
+      {"ignore_eos type", false, R"({"model": "small", "prompt": "hi", "ignore_eos": 1})", 400,
+       "ignore_eos", "invalid_type"},
+      {"stream type", false, R"({"model": "small", "prompt": "hi", "stream": "yes"})", 400,
+       "stream", "invalid_type"},
+      {"no messages", true, R"({"model": "small"})", 400, "messages", "invalid_value"},
+      {"empty messages", true, R"({"model": "small", "messages": []})", 400, "messages",
+       "invalid_type"},
+      {"message not object", true, R"({"model": "small", "messages": ["hi"]})", 400, "messages[0]",
+       "invalid_type"},
+      {"bad role", true, R"({"model": "small", "messages": [{"role": "god", "content": "x"}]})",
+       400, "messages[0].role", "invalid_value"},
+      {"no content", true, R"({"model": "small", "messages": [{"role": "user"}]})", 400,
+       "messages[0].content", "invalid_value"},
+      {"image part", true,
+       R"({"model": "small", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]})",
+       400, "messages[0].content[0].type", "invalid_value"},
+  };
+  for (const BadCase& c : cases) {
+    CompletionRequest out;
+    std::optional<ApiError> e = ParseCompletionRequest(c.body, c.chat, Limits(), &out);
+    ASSERT_TRUE(e.has_value()) << c.name;
+    EXPECT_EQ(e->status, c.status) << c.name;
+    EXPECT_EQ(e->param, c.param) << c.name << ": " << e->message;
+    EXPECT_EQ(e->code, c.code) << c.name << ": " << e->message;
+    EXPECT_FALSE(e->message.empty()) << c.name;
+    // The body has OpenAI's shape.
+    const json body = json::parse(ErrorBody(*e));
+    EXPECT_TRUE(body["error"].contains("message")) << c.name;
+    EXPECT_TRUE(body["error"].contains("type")) << c.name;
+    EXPECT_TRUE(body["error"].contains("param")) << c.name;
+    EXPECT_EQ(body["error"]["code"], c.code) << c.name;
+  }
+}
+
+TEST(OpenAiApiTest, AcceptsValidRequests) {
+  CompletionRequest r;
+  ASSERT_EQ(ParseCompletionRequest(
+                R"({"model": "small", "prompt": "h\u00e9", "max_tokens": 100, "temperature": 0,
+                    "top_p": 0.5, "seed": 7, "stop": ["a", "b", "c", "d"], "stream": true,
+                    "stream_options": {"include_usage": true}, "user": "ignored", "n": 1,
+                    "ignore_eos": true})",
+                false, Limits(), &r),
+            std::nullopt);
+  EXPECT_EQ(r.prompt, "h\xC3\xA9");
+  EXPECT_EQ(r.max_tokens, 100);
+  EXPECT_EQ(r.temperature, 0.0f);
+  EXPECT_EQ(r.top_p, 0.5f);
+  EXPECT_EQ(r.seed, std::optional<uint64_t>(7));
+  EXPECT_EQ(r.stop.size(), 4u);
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_TRUE(r.ignore_eos);
+
+  ASSERT_EQ(ParseCompletionRequest(R"({"model": "small", "prompt": ["one"], "stop": "x"})", false,
+                                   Limits(), &r),
+            std::nullopt);
+  EXPECT_EQ(r.prompt, "one");
+  EXPECT_EQ(r.max_tokens, 16);  // the default
+  EXPECT_EQ(r.temperature, 1.0f);
+  EXPECT_EQ(r.stop, std::vector<std::string>{"x"});
+
+  ASSERT_EQ(ParseCompletionRequest(R"({"model": "small", "max_completion_tokens": 1, "messages": [
+      {"role": "system", "content": "Be brief."},
+      {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "!"}]}
+    ]})",
+                                   true, Limits(), &r),
+            std::nullopt);
+  EXPECT_TRUE(r.chat);
+  EXPECT_EQ(r.max_tokens, 1);
+  EXPECT_EQ(r.prompt, "system: Be brief.\nuser: Hi!\nassistant: ");
+}
+
+TEST(OpenAiApiTest, BearerToken) {
+  EXPECT_EQ(BearerToken("Bearer abc"), std::optional<std::string_view>("abc"));
+  EXPECT_EQ(BearerToken("bearer  abc "), std::optional<std::string_view>("abc"));
+  EXPECT_EQ(BearerToken("Basic abc"), std::nullopt);
+  EXPECT_EQ(BearerToken("Bearer "), std::nullopt);
+  EXPECT_EQ(BearerToken(""), std::nullopt);
+  EXPECT_EQ(BearerToken("abc"), std::nullopt);
+}
+
+TEST(OpenAiApiTest, ResponseShapes) {
+  CompletionRequest r;
+  r.model = "small";
+  json body = CompletionBody(r, "cmpl-1", 5, "text", "length", Usage{3, 4});
+  EXPECT_EQ(body["object"], "text_completion");
+  EXPECT_EQ(body["choices"][0]["text"], "text");
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(body["usage"]["total_tokens"], 7);
+  r.chat = true;
+  body = CompletionBody(r, "chatcmpl-1", 5, "text", "stop", Usage{3, 4});
+  EXPECT_EQ(body["object"], "chat.completion");
+  EXPECT_EQ(body["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(body["choices"][0]["message"]["content"], "text");
+
+  json first = ChunkBody(r, "c", 5, "He", std::nullopt, true);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_EQ(first["choices"][0]["delta"]["content"], "He");
+  EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
+  json later = ChunkBody(r, "c", 5, "llo", std::nullopt, false);
+  EXPECT_FALSE(later["choices"][0]["delta"].contains("role"));
+  json last = ChunkBody(r, "c", 5, "", "stop", false);
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
+  EXPECT_FALSE(last["choices"][0]["delta"].contains("content"));
+  json usage = UsageChunkBody(r, "c", 5, Usage{1, 2});
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["completion_tokens"], 2);
+}
+
+TEST(OpenAiApiTest, SseFraming) {
+  EXPECT_EQ(SseEvent(json{{"a", 1}}), "data: {\"a\":1}\n\n");
+  EXPECT_EQ(std::string(kSseDone), "data: [DONE]\n\n");
+  // Text with newlines stays on one data line (JSON escapes it), so one event stays one event.
+  EXPECT_EQ(SseEvent(json{{"t", "x\n\ny"}}), "data: {\"t\":\"x\\n\\ny\"}\n\n");
+  // Invalid UTF-8 in generated text cannot throw: it becomes U+FFFD.
+  EXPECT_EQ(Dump(json("\xFF")), "\"\xEF\xBF\xBD\"");
+}
+
+TEST(OpenAiApiTest, ErrorBodyCarriesTheRequestId) {
+  ApiError e;
+  e.status = 500;
+  e.type = "isolation_error";
+  e.code = "kv_integrity_violation";
+  e.message = "aborted";
+  e.request_id = 42;
+  const json body = json::parse(ErrorBody(e));
+  EXPECT_EQ(body["error"]["code"], "kv_integrity_violation");
+  EXPECT_EQ(body["error"]["request_id"], 42);
+  EXPECT_TRUE(body["error"]["param"].is_null());
+  e.request_id = 0;
+  EXPECT_FALSE(json::parse(ErrorBody(e))["error"].contains("request_id"));
+}
+
+}  // namespace
+}  // namespace kvguard::core
