@@ -6,14 +6,17 @@
 // steps of different requests, cancels, preemptions, copies, key and mode changes all
 // interleave at every access, as they would with several engines or an offload engine on one
 // pool, and every step still goes through the engine's StepGuard:
-//   prefill actor    admits waiting requests in order, verifies, writes their pages, and at
-//                    the end of the prefill lets a cancelled request go
-//                    (SessionPages::ContinueUnlessCancelled)
+//   prefill actor    admits the waiting request the engine's scheduler picks
+//                    (core::Scheduler::Admit: preempted first, then tenants in turn),
+//                    verifies, writes its pages, and at the end of the prefill lets a
+//                    cancelled request go (SessionPages::ContinueUnlessCancelled)
 //   decode actor     runs decode steps of the prefilled requests round robin: grow, pin +
 //                    verify, write, read each page, unpin + re-verify
 //   submitter        opens new requests (tenant, prompt, length from the input)
 //   canceller        cancels requests at the moments the schedule gives it
-//   preempter        takes the pages of a request between its decode steps
+//   preempter        takes the pages of the request the scheduler names as the victim
+//                    (core::Scheduler::Victim: the newest admitted) among those between
+//                    their decode steps
 //   copy engine      asynchronous page copies: begin, read, end
 //   key rotator      rotates the tag key, then retires the old ones
 //   admin            changes tenants' modes
@@ -30,6 +33,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "fuzz/harness/world.h"
@@ -77,6 +81,33 @@ void Run(const uint8_t* data, size_t size) {
     }
     return -1;
   };
+  // The engine's scheduler takes the scheduling decisions: greedy admission (ratio 0, no
+  // reserve), so that the small pool runs as many requests at once as it can hold.
+  core::SchedulerOptions so;
+  so.max_batch = WorldOptions().max_requests;
+  so.reserve_pages = 0;
+  so.admission_ratio = 0;
+  so.step_tokens = so.max_batch;
+  core::Scheduler scheduler(so);
+  // Requests the scheduler sees: `in_flight` (admitted, oldest admission first; those that
+  // `now` accepts) or waiting (queue order), with their world indices.
+  std::vector<core::SchedRequest> waiting, in_flight;
+  std::vector<int> waiting_index, in_flight_index;
+  auto describe = [&](const std::function<bool(int)>& now) {
+    waiting.clear(), in_flight.clear(), waiting_index.clear(), in_flight_index.clear();
+    for (int r = 0; r < w.num_requests(); ++r) {
+      if (!w.live(r)) continue;
+      if (w.waiting(r)) {
+        waiting.push_back(w.Describe(r));
+        waiting_index.push_back(r);
+      } else if (now(r)) {
+        in_flight_index.push_back(r);
+      }
+    }
+    std::sort(in_flight_index.begin(), in_flight_index.end(),
+              [&](int a, int b) { return w.admitted_at(a) < w.admitted_at(b); });
+    for (int r : in_flight_index) in_flight.push_back(w.Describe(r));
+  };
   auto any_live = [&]() {
     for (int r = 0; r < w.num_requests(); ++r) {
       if (w.live(r)) return true;
@@ -85,12 +116,24 @@ void Run(const uint8_t* data, size_t size) {
   };
 
   std::vector<Thread> threads;
-  threads.push_back({"prefill",
-                     [&]() {
-                       const int r = first_prefill();
-                       return r >= 0 && w.Advance(r);
-                     },
-                     [&]() { return to_submit == 0 && first_prefill() < 0; }});
+  threads.push_back(
+      {"prefill",
+       [&]() {
+         // A prefill under way (or a cancelled request that waits) goes on;
+         // else the scheduler admits one.
+         for (int r = 0; r < w.num_requests(); ++r) {
+           if (w.live(r) && !w.waiting(r) && w.phase(r) <= World::Phase::kPrefillFinish) {
+             return w.Advance(r);
+           }
+           if (w.waiting(r) && w.cancelled(r)) return w.Advance(r);
+         }
+         describe([](int) { return true; });
+         const std::optional<size_t> a = scheduler.Admit(waiting, in_flight, w.free_pages());
+         if (!a || !w.Advance(waiting_index[*a])) return false;
+         scheduler.Admitted(waiting[*a].tenant);
+         return true;
+       },
+       [&]() { return to_submit == 0 && first_prefill() < 0; }});
   threads.push_back({"decode",
                      [&]() {
                        // Round robin over the handed-over requests, one action each.
@@ -127,13 +170,12 @@ void Run(const uint8_t* data, size_t size) {
                      [&]() { return to_cancel == 0; }});
   threads.push_back({"preempter",
                      [&]() {
-                       for (int r = w.num_requests() - 1; r >= 0; --r) {
-                         if (w.Preempt(r)) {
-                           --to_preempt;
-                           return true;
-                         }
-                       }
-                       return false;
+                       describe([&](int r) { return w.phase(r) == World::Phase::kDecodeGrow; });
+                       if (in_flight.empty()) return false;
+                       if (!w.Preempt(in_flight_index[scheduler.Victim(in_flight)])) return false;
+                       scheduler.Preempted();
+                       --to_preempt;
+                       return true;
                      },
                      [&]() { return to_preempt == 0; }});
   threads.push_back(

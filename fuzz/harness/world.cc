@@ -82,6 +82,7 @@ struct World::Request {
   bool aborted = false;
   bool quarantined = false;  // (strict) its session was quarantined
   bool ever_strict = false;
+  uint64_t admitted_at = 0;  // World::admitted_at
   // The step in flight (isolation/step_guard.h, as in the engine), the page table it
   // verified (the span the step holds points into it), and the shadow's ticket for its pin.
   std::optional<isolation::StepGuard::Step> step;
@@ -196,6 +197,10 @@ bool World::waiting(int r) const {
   const Request* q = Get(r);
   return q != nullptr && q->phase != Phase::kDone && q->waiting;
 }
+bool World::cancelled(int r) const {
+  const Request* q = Get(r);
+  return q != nullptr && q->cancelled;
+}
 bool World::has_copy(int r) const {
   return std::any_of(copies_.begin(), copies_.end(), [r](const Copy& c) { return c.request == r; });
 }
@@ -203,6 +208,32 @@ int World::num_pages_of(int r) const {
   const Request* q = Get(r);
   return q == nullptr || !q->pages ? 0 : q->pages->num_pages();
 }
+
+core::SchedRequest World::Describe(int r) const {
+  const Request& q = *Get(r);
+  core::SchedRequest d;
+  d.id = q.owner.session;
+  d.tenant = q.owner.tenant;
+  d.preempted = q.waiting && q.admitted_at > 0;
+  d.held_pages = q.pages->num_pages();
+  d.most_pages = q.pages->PagesFor(q.target);
+  if (q.waiting) {
+    d.prefill_pages = q.pages->PagesFor(q.tokens);
+    d.prefill_tokens = q.tokens;
+  } else if (q.phase <= Phase::kPrefillFinish) {
+    d.prefill_tokens = q.tokens;  // its prefill runs as one chunk here
+  } else {
+    d.grow_pages = std::max(0, q.pages->PagesFor(q.pages->kv_len() + 1) - d.held_pages);
+  }
+  return d;
+}
+
+uint64_t World::admitted_at(int r) const {
+  const Request* q = Get(r);
+  return q == nullptr || q->waiting ? 0 : q->admitted_at;
+}
+
+int World::free_pages() const { return pool_->table().free_pages(); }
 
 void World::Log(const std::string& line) { std::fprintf(stderr, "  %s\n", line.c_str()); }
 
@@ -686,6 +717,7 @@ bool World::Advance(int r) {
     }
     q->ever_strict = q->ever_strict || mode == Mode::kStrict;
     q->waiting = false;
+    q->admitted_at = ++admissions_;
     OnGranted(*q, 0);
     q->phase = Phase::kPrefillVerify;
     return true;

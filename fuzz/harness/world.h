@@ -45,6 +45,7 @@
 #include <string>
 #include <vector>
 
+#include "core/engine/scheduler.h"
 #include "core/engine/session_pages.h"
 #include "core/model/kv_pool.h"
 #include "isolation/guard.h"
@@ -121,10 +122,17 @@ class World {
   int num_requests() const { return static_cast<int>(requests_.size()); }
   bool live(int r) const;  // opened and not done
   Phase phase(int r) const;
-  bool in_step(int r) const;  // between a verify and its finish
-  bool waiting(int r) const;  // preempted, to be prefilled again
+  bool in_step(int r) const;    // between a verify and its finish
+  bool waiting(int r) const;    // not admitted yet, or preempted: to be prefilled (again)
+  bool cancelled(int r) const;  // Cancel flagged it
   int num_pages_of(int r) const;
   bool has_copy(int r) const;  // an asynchronous copy of one of its pages is in flight
+  // Describe says what the engine's scheduler (core/engine/scheduler.h) knows of live request
+  // `r`, so that a driver takes its scheduling decisions (whom to admit, whom to preempt) from
+  // the real Scheduler. admitted_at orders requests by their latest admission (0: waiting).
+  core::SchedRequest Describe(int r) const;
+  uint64_t admitted_at(int r) const;
+  int free_pages() const;
   // CheckInvariants runs the accounting oracle (after every action of the drivers).
   void CheckInvariants();
   // Finish cancels every live request and drives it to done, then checks that the pool is
@@ -184,6 +192,7 @@ class World {
   std::vector<ShadowPage> shadow_;
   std::vector<uint64_t> pins_;  // tickets of the steps in flight (the shadow's copy)
   uint64_t next_ticket_ = 1;
+  uint64_t admissions_ = 0;  // admitted_at's clock
   struct ShadowTenant {
     isolation::Mode mode;
     int strict_violations = 0;
