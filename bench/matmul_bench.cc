@@ -27,6 +27,13 @@
 // the `medium` model's prefill shapes (fused Q/K/V, gate/up, O, down) at a 32-token prompt with
 // the prefill weight formats: compute-bound, so the rate that matters is multiply-adds, reported
 // as `flops` (2 rows cols batch per iteration); `bytes` is still the weights once.
+//
+//   BM_MatMulPrefill/fp8/<rows>x<cols>/batch:<1|8|16|32|64>/threads:2[/bf16x]
+// the `small` model's prefill shapes (fused Q/K/V 2304 x 768, O 768 x 768, gate/up 4096 x 768,
+// down 768 x 2048) at the batches a step's prefill rows come in (up to 64 per call), with exact
+// activations (the FP32 kernel) and, /bf16x, with MatMulActivations::kBf16 as the engine's
+// prefill runs them (on CPUs with AVX-512 BF16: the BF16 dot-product kernel), side by side.
+// The medium shapes above take /bf16x too.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -108,7 +115,7 @@ const Copies& WeightCopies(WeightFormat format, int rows, int cols) {
 }
 
 void BM_MatMul(benchmark::State& state, WeightFormat format, int rows, int cols, int batch,
-               int threads, bool cached) {
+               int threads, bool cached, kernels::MatMulActivations act) {
   const Copies& copies = WeightCopies(format, rows, cols);
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -118,7 +125,7 @@ void BM_MatMul(benchmark::State& state, WeightFormat format, int rows, int cols,
   kernels::ThreadPool* pool = Pool(threads);
   size_t next = 0;
   for (auto _ : state) {
-    kernels::MatMul(copies.views[next], x.data(), batch, y.data(), pool);
+    kernels::MatMul(copies.views[next], x.data(), batch, y.data(), pool, act);
     if (!cached) next = next + 1 == copies.views.size() ? 0 : next + 1;
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
@@ -130,15 +137,16 @@ void BM_MatMul(benchmark::State& state, WeightFormat format, int rows, int cols,
       benchmark::Counter(2.0 * rows * cols * batch, benchmark::Counter::kIsIterationInvariantRate);
 }
 
-// Register adds <family>/<format>/<rows>x<cols>/batch:<batch>/threads:<threads> (cached: one copy
-// of W, read again every iteration).
+// Register adds <family>/<format>/<rows>x<cols>/batch:<batch>/threads:<threads>[/bf16x] (cached:
+// one copy of W, read again every iteration; bf16x: MatMulActivations::kBf16).
 void Register(const char* family, WeightFormat f, int rows, int cols, int batch, int threads,
-              bool cached) {
+              bool cached, kernels::MatMulActivations act = kernels::MatMulActivations::kExact) {
+  const bool bf16x = act == kernels::MatMulActivations::kBf16;
   const std::string name = std::string(family) + "/" + kernels::WeightFormatName(f) + "/" +
                            std::to_string(rows) + "x" + std::to_string(cols) +
                            "/batch:" + std::to_string(batch) +
-                           "/threads:" + std::to_string(threads);
-  benchmark::RegisterBenchmark(name.c_str(), BM_MatMul, f, rows, cols, batch, threads, cached)
+                           "/threads:" + std::to_string(threads) + (bf16x ? "/bf16x" : "");
+  benchmark::RegisterBenchmark(name.c_str(), BM_MatMul, f, rows, cols, batch, threads, cached, act)
       ->UseRealTime()
       ->Unit(benchmark::kMicrosecond);
 }
@@ -174,6 +182,15 @@ const bool kRegistered = [] {
     for (const auto& [rows, cols] : medium_shapes) {
       if (rows == 256 || rows == 5632) continue;  // unfused: the engine never calls them
       Register("BM_MatMulPrefill", f, rows, cols, 32, 2, false);
+      Register("BM_MatMulPrefill", f, rows, cols, 32, 2, false, kernels::MatMulActivations::kBf16);
+    }
+  }
+  for (const auto& [rows, cols] : small_shapes) {
+    if (rows == 32000) continue;  // the output head: one row per chunk, not a prefill shape
+    for (int batch : {1, 8, 16, 32, 64}) {
+      for (auto act : {kernels::MatMulActivations::kExact, kernels::MatMulActivations::kBf16}) {
+        Register("BM_MatMulPrefill", WeightFormat::kFp8, rows, cols, batch, 2, false, act);
+      }
     }
   }
   for (WeightFormat f : {WeightFormat::kFp8, WeightFormat::kInt4}) {

@@ -5,6 +5,10 @@
 //   FP8 and BF16 codecs   bit-exact (the format defines one right answer)
 //   INT4 matmul           |err| <= 1e-5 * sum|w x| + sum|w| * max|x| / 254 (per-block int8
 //                         activation rounding), on finite inputs
+//   FP8 / BF16 matmul     |err| <= 1e-5 * sum|w x| against the reference multiplying x as the
+//                         kernel does (exact, or rounded to BF16 with MatMulActivations::kBf16
+//                         where MatMulArithmeticFor says kBf16Products), on finite inputs; and
+//                         column 0's outputs alone equal, bit for bit, those in the batch
 //   paged attention       |err| <= 2e-5 * max|V| (FP32 online softmax vs FP64 two-pass), plus
 //                         ref::Bf16ProductsErrorBound where the kernel rounds q and the
 //                         probabilities to BF16 (FP8/BF16 KV, head dims 64/128 on AVX-512 BF16
@@ -117,6 +121,47 @@ void Int4MatMul(FuzzedDataProvider& in, ThreadPool* pool) {
       const size_t i = size_t(b) * rows + r;
       if (!(std::fabs(double{got[i]} - double{want[i]}) <= tol)) {
         Mismatch("MatMul int4", i, got[i], want[i], tol);
+      }
+    }
+  }
+}
+
+void FpMatMul(FuzzedDataProvider& in, ThreadPool* pool) {
+  const WeightFormat format = in.ConsumeBool() ? WeightFormat::kFp8 : WeightFormat::kBf16;
+  const MatMulActivations act =
+      in.ConsumeBool() ? MatMulActivations::kBf16 : MatMulActivations::kExact;
+  const int rows = in.ConsumeIntegralInRange(1, 60);
+  const int cols = in.ConsumeIntegralInRange(1, 200);
+  const int batch = in.ConsumeIntegralInRange(1, 64);
+  const float wr = in.ConsumeFloatingPointInRange<float>(1e-3f, 10.0f);
+  const float xr = in.ConsumeFloatingPointInRange<float>(1e-3f, 100.0f);
+  std::vector<float> w(size_t(rows) * cols), x(size_t(batch) * cols);
+  for (float& f : w) f = FiniteFloat(in, wr);
+  for (float& f : x) f = FiniteFloat(in, xr);
+  const QuantizedMatrix q = QuantizeMatrix(w.data(), rows, cols, format, 128);
+  const std::vector<float> deq = DequantizeMatrix(q.view());
+  const bool bf16 = MatMulArithmeticFor(format, act) == MatMulArithmetic::kBf16Products;
+  std::vector<float> got(size_t(batch) * rows), want(got.size()), alone(static_cast<size_t>(rows));
+  MatMul(q.view(), x.data(), batch, got.data(), pool, act);
+  ref::MatMul(q.view(), x.data(), batch, want.data(), nullptr,
+              bf16 ? MatMulActivations::kBf16 : MatMulActivations::kExact);
+  MatMul(q.view(), x.data(), 1, alone.data(), pool, act);
+  for (int r = 0; r < rows; ++r) {
+    if (std::memcmp(&alone[size_t(r)], &got[size_t(r)], 4) != 0) {
+      Mismatch("MatMul fp: column 0 alone vs in its batch", size_t(r), alone[size_t(r)],
+               got[size_t(r)], 0);
+    }
+  }
+  for (int b = 0; b < batch; ++b) {
+    for (int r = 0; r < rows; ++r) {
+      double sum_wx = 0;
+      for (int c = 0; c < cols; ++c) {
+        sum_wx += std::fabs(double{deq[size_t(r) * cols + c]} * double{x[size_t(b) * cols + c]});
+      }
+      const double tol = 1e-5 * sum_wx + 1e-30;
+      const size_t i = size_t(b) * rows + r;
+      if (!(std::fabs(double{got[i]} - double{want[i]}) <= tol)) {
+        Mismatch(bf16 ? "MatMul fp (bf16 products)" : "MatMul fp", i, got[i], want[i], tol);
       }
     }
   }
@@ -235,12 +280,15 @@ void Attention(FuzzedDataProvider& in, ThreadPool* pool) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static kvguard::kernels::ThreadPool pool(1);
   FuzzedDataProvider in(data, size);
-  switch (in.ConsumeIntegralInRange(0, 2)) {
+  switch (in.ConsumeIntegralInRange(0, 3)) {
     case 0:
       kvguard::kernels::Codecs(in);
       break;
     case 1:
       kvguard::kernels::Int4MatMul(in, &pool);
+      break;
+    case 3:
+      kvguard::kernels::FpMatMul(in, &pool);
       break;
     default:
       kvguard::kernels::Attention(in, &pool);

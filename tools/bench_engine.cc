@@ -323,7 +323,8 @@ int RunBenchEngine(const std::vector<std::string>& argv) {
       "# Engine benchmark\n\n`kvguard bench ", absl::StrJoin(argv, " "), "`\n\n",
       BuildDescription(), "\nModel `", options.model, "` (", mc.ParameterCount() / 1000000,
       "M parameters), prefill weights ", kernels::WeightFormatName(options.weights.prefill_weights),
-      ", context ", context, " tokens per request (prompt ", prompt_len, "), ", per_client,
+      " (", PrefillArithmetic(options.weights), " arithmetic), context ", context,
+      " tokens per request (prompt ", prompt_len, "), ", per_client,
       " requests per concurrent client, engine threads ", options.engine.threads, ", KV budget ",
       kv_budget / 1048576.0, " MiB for every configuration, ", rounds,
       " interleaved round(s) (configuration order alternating), medians over rounds.\n"

@@ -5,11 +5,18 @@
 
 namespace kvguard::tools {
 
+const char* PrefillArithmetic(const core::ModelOptions& weights) {
+  return kernels::MatMulArithmeticName(
+      kernels::MatMulArithmeticFor(weights.prefill_weights, weights.prefill_activations));
+}
+
 const char kEngineFlagsHelp[] =
     "  --model NAME|PATH.gguf       built-in model: tiny, small (default), medium; or a\n"
     "                               Llama GGUF file (F32/F16/BF16/Q8_0/Q4_0 tensors)\n"
     "  --model-seed N               seed of the synthetic weights (default 1)\n"
     "  --prefill-weights FMT        fp8 (default), bf16, fp32\n"
+    "  --prefill-activations A      bf16 (default: BF16 dot products where the CPU has\n"
+    "                               AVX-512 BF16) or fp32, for the prefill matmuls\n"
     "  --decode-weights FMT         int4 (default), fp8, bf16, fp32\n"
     "  --int4-group G               32, 64, 128 (default)\n"
     "  --kv-cache-dtype DT          fp8_e4m3 (default), bf16, fp32\n"
@@ -110,6 +117,19 @@ bool ParseEngineFlag(Args& a, core::RuntimeOptions* o, absl::Status* status) {
       auto f = core::ParseWeightFormat(s);
       if (f.ok()) o->weights.prefill_weights = *f;
       return f.status();
+    });
+  }
+  if (a.Flag("--prefill-activations")) {
+    return value_to([&](const std::string& s) {
+      if (s == "bf16") {
+        o->weights.prefill_activations = kernels::MatMulActivations::kBf16;
+      } else if (s == "fp32") {
+        o->weights.prefill_activations = kernels::MatMulActivations::kExact;
+      } else {
+        return absl::InvalidArgumentError(
+            absl::StrCat("unknown prefill activations '", s, "' (bf16, fp32)"));
+      }
+      return absl::OkStatus();
     });
   }
   if (a.Flag("--decode-weights")) {

@@ -36,10 +36,14 @@ class Args {
 // ParseEngineFlag consumes one engine flag if the next argument is one (returns true, with
 // `*status` set on a bad value), else returns false:
 //   --model NAME|PATH.gguf  --model-seed N  --prefill-weights fp8|bf16|fp32
-//   --decode-weights int4|fp8|bf16|fp32  --int4-group 32|64|128
+//   --prefill-activations bf16|fp32  --decode-weights int4|fp8|bf16|fp32  --int4-group 32|64|128
 //   --kv-cache-dtype fp8_e4m3|bf16|fp32  --kv-cache-bytes N[K|M|G]  --kv-cache-fraction F
 //   --page-size P  --threads N  --max-batch N
 bool ParseEngineFlag(Args& args, core::RuntimeOptions* options, absl::Status* status);
+
+// PrefillArithmetic names how the prefill matmuls of `weights` run on this CPU
+// (kernels::MatMulArithmeticName), for the tools' reports.
+const char* PrefillArithmetic(const core::ModelOptions& weights);
 
 // kEngineFlagsHelp is the usage text of the flags above.
 extern const char kEngineFlagsHelp[];

@@ -82,10 +82,11 @@ int RunGenerate(const std::vector<std::string>& argv) {
   const core::ModelConfig& c = loaded->model->config();
   const core::KvPool& pool = (*engine)->pool();
   std::fprintf(stderr,
-               "model %s: %.1fM parameters, weights %s prefill / %s decode (%.0f MiB held), "
+               "model %s: %.1fM parameters, weights %s prefill (%s) / %s decode (%.0f MiB held), "
                "loaded in %.1f s\nKV cache %s: %d pages of %d tokens = %lld tokens in %.0f MiB\n",
                loaded->source->Description().c_str(), c.ParameterCount() / 1e6,
                kernels::WeightFormatName(options.weights.prefill_weights),
+               PrefillArithmetic(options.weights),
                kernels::WeightFormatName(options.weights.decode_weights),
                loaded->model->WeightBytes() / 1048576.0, loaded->load_seconds,
                kernels::KvDtypeName(pool.dtype()), pool.num_pages(), pool.page_size(),

@@ -230,9 +230,10 @@ int RunServe(const std::vector<std::string>& argv) {
   }
   const core::KvPool& pool = (*engine)->pool();
   std::printf(
-      "kvguard serve: model %s (%s decode weights, %s KV: %lld tokens), listening on "
-      "http://%s:%d, admin on http://%s:%d\n",
-      so.model_name.c_str(), kernels::WeightFormatName(options.weights.decode_weights),
+      "kvguard serve: model %s (%s prefill weights on %s, %s decode weights, %s KV: %lld "
+      "tokens), listening on http://%s:%d, admin on http://%s:%d\n",
+      so.model_name.c_str(), kernels::WeightFormatName(options.weights.prefill_weights),
+      PrefillArithmetic(options.weights), kernels::WeightFormatName(options.weights.decode_weights),
       kernels::KvDtypeName(pool.dtype()), static_cast<long long>(pool.capacity_tokens()),
       so.host.c_str(), (*server)->port(), so.admin_host.c_str(), (*server)->admin_port());
   std::fflush(stdout);

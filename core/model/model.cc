@@ -193,11 +193,15 @@ size_t Model::DecodeWeightBytesPerStep() const {
 }
 
 void Model::MatMulRows(const QuantizedMatrix& w, const float* x, int rows, float* y,
-                       kernels::ThreadPool* pool) const {
-  for (int r = 0; r < rows; r += kMaxDecodeBatch) {
-    const int batch = std::min(kMaxDecodeBatch, rows - r);
+                       kernels::MatMulActivations act, kernels::ThreadPool* pool) const {
+  // Calls of balanced sizes (130 rows: 44 + 43 + 43, not 64 + 64 + 2): the kernels' rate per
+  // row falls steeply at the smallest batches (bench/results/kernels.md, "BF16 dot products").
+  const int calls = (rows + kMaxDecodeBatch - 1) / kMaxDecodeBatch;
+  for (int k = 0, r = 0; k < calls; ++k) {
+    const int batch = rows / calls + (k < rows % calls ? 1 : 0);
     kernels::MatMul(w.view(), x + static_cast<size_t>(r) * w.cols, batch,
-                    y + static_cast<size_t>(r) * w.rows, pool);
+                    y + static_cast<size_t>(r) * w.rows, pool, act);
+    r += batch;
   }
 }
 
@@ -307,14 +311,17 @@ struct StepRows {
 
 void Model::MatMulPhases(const QuantizedMatrix* const w[2], const float* x, int decode_rows,
                          int rows, float* y, kernels::ThreadPool* tp) const {
-  if (w[kPrefill] == w[kDecode]) {  // one format for both phases: one call over every row
-    MatMulRows(*w[kDecode], x, rows, y, tp);
+  constexpr auto kExact = kernels::MatMulActivations::kExact;
+  const kernels::MatMulActivations prefill = options_.prefill_activations;
+  if (w[kPrefill] == w[kDecode] && kernels::MatMulArithmeticFor(w[kDecode]->format, prefill) ==
+                                       kernels::MatMulArithmeticFor(w[kDecode]->format, kExact)) {
+    MatMulRows(*w[kDecode], x, rows, y, kExact, tp);  // one matrix, one arithmetic: one call
     return;
   }
-  if (decode_rows > 0) MatMulRows(*w[kDecode], x, decode_rows, y, tp);
+  if (decode_rows > 0) MatMulRows(*w[kDecode], x, decode_rows, y, kExact, tp);
   if (rows > decode_rows) {
     MatMulRows(*w[kPrefill], x + size_t(decode_rows) * w[kPrefill]->cols, rows - decode_rows,
-               y + size_t(decode_rows) * w[kPrefill]->rows, tp);
+               y + size_t(decode_rows) * w[kPrefill]->rows, prefill, tp);
   }
 }
 

@@ -15,6 +15,7 @@
 #include "core/model/kv_pool.h"
 #include "core/model/model_config.h"
 #include "core/model/weight_source.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/quantize.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/formats.h"
@@ -25,6 +26,12 @@ struct ModelOptions {
   kernels::WeightFormat prefill_weights = kernels::WeightFormat::kFp8;  // fp8 | bf16 | fp32
   kernels::WeightFormat decode_weights = kernels::WeightFormat::kInt4;  // int4|fp8|bf16|fp32
   int int4_group = 128;
+  // What the prefill matmuls do to their activations (kernels/cpu/matmul.h): kBf16 rounds them
+  // to BF16 and runs FP8 and BF16 prefill weights on BF16 dot products where the CPU has them
+  // (prefill is bound by multiply-adds; GPU deployments of FP8 prefill do the same with BF16 or
+  // FP8 activations); kExact keeps FP32 activations. Decode matmuls always keep them exact.
+  // Either way a request's outputs do not depend on what it is batched with.
+  kernels::MatMulActivations prefill_activations = kernels::MatMulActivations::kBf16;
 };
 
 // ParseWeightFormat maps "fp32" | "bf16" | "fp8" | "int4" to a format; InvalidArgument else.
@@ -159,9 +166,10 @@ class Model {
   Model() = default;
   // MatMulRows computes y [rows, w.rows] = x [rows, w.cols] W^T in batches the kernel takes.
   void MatMulRows(const kernels::QuantizedMatrix& w, const float* x, int rows, float* y,
-                  kernels::ThreadPool* pool) const;
-  // MatMulPhases multiplies rows [0, decode_rows) of x by w[kDecode] and the rest by
-  // w[kPrefill] (one call over all rows when both phases share the matrix).
+                  kernels::MatMulActivations act, kernels::ThreadPool* pool) const;
+  // MatMulPhases multiplies rows [0, decode_rows) of x by w[kDecode] with exact activations and
+  // the rest by w[kPrefill] with options_.prefill_activations (one call over all rows when both
+  // phases share the matrix and its arithmetic).
   void MatMulPhases(const kernels::QuantizedMatrix* const w[2], const float* x, int decode_rows,
                     int rows, float* y, kernels::ThreadPool* pool) const;
 

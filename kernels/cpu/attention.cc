@@ -33,6 +33,7 @@
 
 #include "absl/base/internal/raw_logging.h"
 #include "kernels/cpu/internal/attention_task.h"
+#include "kernels/cpu/internal/cpu_features.h"
 #include "kernels/formats.h"
 
 #ifndef KVGUARD_KERNELS_CPU_ATTENTION_CC_ONCE_
@@ -615,7 +616,8 @@ void RunTaskList(size_t n, ThreadPool* pool, const std::function<void(size_t)>& 
 // UsesBf16Dot: the BF16 dot-product kernel runs where runtime dispatch would pick AVX3_DL (so
 // that ForceTarget steers it in tests) and the CPU has AVX-512 BF16, for the shapes it takes.
 bool UsesBf16Dot(const PagedKvView& kv) {
-  return Bf16DotTakes(kv) && HWY_DYNAMIC_DISPATCH(DispatchesToAvx3Dl)() && Bf16DotSupported();
+  return Bf16DotTakes(kv) && HWY_DYNAMIC_DISPATCH(DispatchesToAvx3Dl)() &&
+         internal::HasAvx512Bf16Vbmi();
 }
 
 }  // namespace attention_internal

@@ -51,33 +51,15 @@
 #include <vector>
 
 #include "kernels/cpu/internal/attention_task.h"
+#include "kernels/cpu/internal/avx512_bf16.h"
 #include "kernels/cpu/internal/cache_info.h"
 #include "kernels/formats.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <cpuid.h>
-#include <immintrin.h>
-#define KVGUARD_BF16DOT 1
-#else
-#define KVGUARD_BF16DOT 0
-#endif
-
 namespace kvguard::kernels::attention_internal {
 
-#if KVGUARD_BF16DOT
-// GCC 12's AVX-512 headers build some intrinsics from _mm512_undefined_*() and then warn, at
-// every inlined use, that the "undefined" operand is uninitialised: a known false positive.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
+#if KVGUARD_AVX512_BF16
+KVG_AVX512_BF16_BEGIN
 namespace {
-
-#define KVG_BF16DOT_TARGET                                                         \
-  __attribute__((                                                                  \
-      target("avx2,fma,f16c,bmi,bmi2,avx512f,avx512bw,avx512vl,avx512dq,avx512cd," \
-             "avx512vbmi,avx512bf16")))
 
 // Tokens per block and kv head: enough that the softmax and the accumulator loads are amortised,
 // few enough that one head's K and V of the block (8 KiB each for FP8 at head_dim 128) stay in
@@ -149,16 +131,16 @@ constexpr __mmask64 kHighBytes = 0xAAAAAAAAAAAAAAAAull;
 
 // Fp8Words returns the BF16 encodings of value(c) * 2^-120 of the e4m3 codes c held in the high
 // bytes of the 16-bit lanes of `w` (low bytes zero); see the file comment.
-KVG_BF16DOT_TARGET inline __m512i Fp8Words(__m512i w) {
+KVG_AVX512_BF16_TARGET inline __m512i Fp8Words(__m512i w) {
   return _mm512_and_si512(_mm512_srai_epi16(w, 4), _mm512_set1_epi16(static_cast<short>(0x87F0)));
 }
 
-KVG_BF16DOT_TARGET inline __m512 Dot(__m512 acc, __m512i a, __m512i b) {
+KVG_AVX512_BF16_TARGET inline __m512 Dot(__m512 acc, __m512i a, __m512i b) {
   return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
 }
 
 // Load4Rows returns 16 bytes from each of rows r, r + stride, r + 2 stride, r + 3 stride.
-KVG_BF16DOT_TARGET inline __m512i Load4Rows(const uint8_t* r, size_t stride) {
+KVG_AVX512_BF16_TARGET inline __m512i Load4Rows(const uint8_t* r, size_t stride) {
   if (stride == 16) return _mm512_loadu_si512(r);
   __m512i x = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r)));
   x = _mm512_inserti32x4(x, _mm_loadu_si128(reinterpret_cast<const __m128i*>(r + stride)), 1);
@@ -168,7 +150,7 @@ KVG_BF16DOT_TARGET inline __m512i Load4Rows(const uint8_t* r, size_t stride) {
 }
 
 // Load2Rows16 returns 16 BF16 values from each of rows r and r + stride (elements).
-KVG_BF16DOT_TARGET inline __m512i Load2Rows16(const uint16_t* r, size_t stride) {
+KVG_AVX512_BF16_TARGET inline __m512i Load2Rows16(const uint16_t* r, size_t stride) {
   if (stride == 16) return _mm512_loadu_si512(r);
   return _mm512_inserti64x4(
       _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(r))),
@@ -267,8 +249,8 @@ struct Column {
 // KPairs returns, for 16 tokens of one kv head's K (column `col`), dims (d, d+1) of each token
 // in *lo and dims (d+2, d+3) in *hi, as BF16 pairs in token order (see the file comment).
 template <bool kFp8>
-KVG_BF16DOT_TARGET inline void KPairs(const Column& col, int d, __m512i idx_lo, __m512i idx_hi,
-                                      __m512i* lo, __m512i* hi) {
+KVG_AVX512_BF16_TARGET inline void KPairs(const Column& col, int d, __m512i idx_lo, __m512i idx_hi,
+                                          __m512i* lo, __m512i* hi) {
   if constexpr (kFp8) {
     const uint8_t* r = static_cast<const uint8_t*>(col.k) + static_cast<size_t>(d) * col.stride;
     const __m512i x = Load4Rows(r, col.stride);
@@ -290,9 +272,9 @@ KVG_BF16DOT_TARGET inline void KPairs(const Column& col, int d, __m512i idx_lo, 
 // (BF16) on a cache-resident step on Zen 5 (bench/results/kernels.md, together with the
 // vectorised per-task code below). `pf_lines` queued lines are requested per column.
 template <int GT, int NC, bool kFp8>
-KVG_BF16DOT_TARGET void ScoresColumns(const Column* cols, int n, int dim, const uint32_t* qp,
-                                      size_t qp_stride, const float* unscale, float* scores,
-                                      size_t score_stride, Prefetcher& pf, int pf_lines) {
+KVG_AVX512_BF16_TARGET void ScoresColumns(const Column* cols, int n, int dim, const uint32_t* qp,
+                                          size_t qp_stride, const float* unscale, float* scores,
+                                          size_t score_stride, Prefetcher& pf, int pf_lines) {
   const __m512i idx_lo = _mm512_load_si512(kFp8 ? static_cast<const void*>(kConstants.k_lo)
                                                 : static_cast<const void*>(kConstants.k_pairs16));
   const __m512i idx_hi = _mm512_load_si512(kConstants.k_hi);
@@ -335,9 +317,9 @@ KVG_BF16DOT_TARGET void ScoresColumns(const Column* cols, int n, int dim, const 
 // ScoresTile runs ScoresColumns for one tile of GT heads: columns in pairs while the tile is
 // small enough for the 2 x 2 GT accumulators and 4 operands to fit the 32 vector registers.
 template <int GT, bool kFp8>
-KVG_BF16DOT_TARGET void ScoresTile(const Column* cols, int n, int dim, const uint32_t* qp,
-                                   size_t qp_stride, const float* unscale, float* scores,
-                                   size_t score_stride, Prefetcher& pf, int pf_lines) {
+KVG_AVX512_BF16_TARGET void ScoresTile(const Column* cols, int n, int dim, const uint32_t* qp,
+                                       size_t qp_stride, const float* unscale, float* scores,
+                                       size_t score_stride, Prefetcher& pf, int pf_lines) {
   int paired = 0;
   if constexpr (GT <= 4) {
     paired = n / 2 * 2;
@@ -349,10 +331,10 @@ KVG_BF16DOT_TARGET void ScoresTile(const Column* cols, int n, int dim, const uin
 }
 
 template <bool kFp8>
-KVG_BF16DOT_TARGET void ScoresTiles(int group, const Column* cols, int n, int dim,
-                                    const uint32_t* qp, size_t qp_stride, const float* unscale,
-                                    float* scores, size_t score_stride, Prefetcher& pf,
-                                    int pf_lines) {
+KVG_AVX512_BF16_TARGET void ScoresTiles(int group, const Column* cols, int n, int dim,
+                                        const uint32_t* qp, size_t qp_stride, const float* unscale,
+                                        float* scores, size_t score_stride, Prefetcher& pf,
+                                        int pf_lines) {
   for (int h = 0; h < group; h += kScoreTile) {
     const uint32_t* q = qp + static_cast<size_t>(h) * qp_stride;
     const float* u = unscale + h;
@@ -383,10 +365,10 @@ KVG_BF16DOT_TARGET void ScoresTiles(int group, const Column* cols, int n, int di
 // of this kv head; an odd last row is paired with zeros). p_pairs: BF16 probability pairs of
 // head h at pp + h * pp_stride. `pf_lines` queued lines are requested per 8 pairs.
 template <int GT, bool kFp8>
-KVG_BF16DOT_TARGET void AccumulateVChunk(const uint8_t* const* rows, size_t offset, int tokens,
-                                         const uint32_t* pp, size_t pp_stride, const float* alpha,
-                                         float* acc, size_t acc_stride, Prefetcher& pf,
-                                         int pf_lines) {
+KVG_AVX512_BF16_TARGET void AccumulateVChunk(const uint8_t* const* rows, size_t offset, int tokens,
+                                             const uint32_t* pp, size_t pp_stride,
+                                             const float* alpha, float* acc, size_t acc_stride,
+                                             Prefetcher& pf, int pf_lines) {
   __m512 a[4][GT];
 #pragma GCC unroll 4
   for (int h = 0; h < GT; ++h) {
@@ -436,10 +418,10 @@ KVG_BF16DOT_TARGET void AccumulateVChunk(const uint8_t* const* rows, size_t offs
 }
 
 template <bool kFp8>
-KVG_BF16DOT_TARGET void AccumulateVTiles(int group, const uint8_t* const* rows, size_t offset,
-                                         int tokens, const uint32_t* pp, size_t pp_stride,
-                                         const float* alpha, float* acc, size_t acc_stride,
-                                         Prefetcher& pf, int pf_lines) {
+KVG_AVX512_BF16_TARGET void AccumulateVTiles(int group, const uint8_t* const* rows, size_t offset,
+                                             int tokens, const uint32_t* pp, size_t pp_stride,
+                                             const float* alpha, float* acc, size_t acc_stride,
+                                             Prefetcher& pf, int pf_lines) {
   for (int h = 0; h < group; h += kVTile) {
     const uint32_t* p = pp + static_cast<size_t>(h) * pp_stride;
     float* a = acc + static_cast<size_t>(h) * acc_stride;
@@ -465,7 +447,7 @@ KVG_BF16DOT_TARGET void AccumulateVTiles(int group, const uint8_t* const* rows, 
 // |f| <= 1/2, 2^f by its Taylor polynomial of degree 5 in f ln 2 (truncation error < 2.5e-6
 // relative, a thousandth of the BF16 rounding every probability gets next), then VSCALEFPS
 // multiplies by 2^n (0 below FP32's range).
-KVG_BF16DOT_TARGET inline __m512 Exp(__m512 x) {
+KVG_AVX512_BF16_TARGET inline __m512 Exp(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-150.0f));  // e^-150 is 0 in FP32; keeps -inf out
   const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
   const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -496,8 +478,8 @@ constexpr float kLazyRescale = 8.0f;
 // *alpha receives the factor the accumulator must be rescaled by (exp(old max - new max), or 1
 // when the max is kept). The keep-or-raise decision compares lanes with old max + kLazyRescale
 // (no horizontal max unless some lane exceeds it). scores[RoundUp(count, 16)) must be readable.
-KVG_BF16DOT_TARGET void SoftmaxToBf16(const float* scores, int count, float p_scale, float* max,
-                                      float* sum_lanes, float* alpha, uint16_t* probs) {
+KVG_AVX512_BF16_TARGET void SoftmaxToBf16(const float* scores, int count, float p_scale, float* max,
+                                          float* sum_lanes, float* alpha, uint16_t* probs) {
   const __m512 neg_inf = _mm512_set1_ps(-INFINITY);
   __m512 m = neg_inf;
   for (int i = 0; i < count; i += 16) {
@@ -538,8 +520,8 @@ KVG_BF16DOT_TARGET void SoftmaxToBf16(const float* scores, int count, float p_sc
 
 // StoreInDimOrder writes out[d] = acc[slot_of[d]] * norm for the 64 dims of one chunk (acc in
 // slot order): two two-source permutes per 16 dims, picked by bit 5 of the slot.
-KVG_BF16DOT_TARGET inline void StoreInDimOrder(const float* acc, const int32_t* slot_of, float norm,
-                                               float* out) {
+KVG_AVX512_BF16_TARGET inline void StoreInDimOrder(const float* acc, const int32_t* slot_of,
+                                                   float norm, float* out) {
   const __m512 a0 = _mm512_loadu_ps(acc), a1 = _mm512_loadu_ps(acc + 16);
   const __m512 a2 = _mm512_loadu_ps(acc + 32), a3 = _mm512_loadu_ps(acc + 48);
   const __m512 n = _mm512_set1_ps(norm);
@@ -576,8 +558,8 @@ Scratch& ThreadScratch() {
 // while the next block's pages are prefetched; each head keeps its own running max, sum and
 // accumulator across blocks.
 template <bool kFp8>
-KVG_BF16DOT_TARGET void Attend(const PagedKvView& kv, int group, float softmax_scale,
-                               const DecodeQuery& query, const Task& task, float* partials) {
+KVG_AVX512_BF16_TARGET void Attend(const PagedKvView& kv, int group, float softmax_scale,
+                                   const DecodeQuery& query, const Task& task, float* partials) {
   constexpr size_t kElem = kFp8 ? 1 : 2;
   // Probabilities are multiplied by this before rounding (FP8: the V codes convert to value *
   // 2^-120, and p * v * 2^-10 keeps the products far above FP32's flush threshold).
@@ -779,24 +761,6 @@ KVG_BF16DOT_TARGET void Attend(const PagedKvView& kv, int group, float softmax_s
 
 }  // namespace
 
-bool Bf16DotSupported() {
-  static const bool supported = [] {
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
-    const bool avx512 = (b & (1u << 16)) && (b & (1u << 17)) && (b & (1u << 30)) &&
-                        (b & (1u << 31)) && (c & (1u << 1));  // F, DQ, BW, VL; VBMI
-    if (!avx512 || a < 1) return false;
-    unsigned a1, b1, c1, d1;
-    if (!__get_cpuid_count(7, 1, &a1, &b1, &c1, &d1) || !(a1 & (1u << 5))) return false;  // BF16
-    // The OS must save the opmask and the full ZMM state (XCR0 bits 1, 2, 5, 6, 7).
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return false;  // OSXSAVE
-    unsigned lo, hi;
-    asm volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    return (lo & 0xE6u) == 0xE6u;
-  }();
-  return supported;
-}
-
 void AttendTaskBf16Dot(const PagedKvView& kv, int group, float softmax_scale,
                        const DecodeQuery& query, const Task& task, float* partials) {
   if (kv.dtype == KvDtype::kFp8E4m3) {
@@ -806,18 +770,14 @@ void AttendTaskBf16Dot(const PagedKvView& kv, int group, float softmax_scale,
   }
 }
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+KVG_AVX512_BF16_END
 
-#else  // !KVGUARD_BF16DOT
-
-bool Bf16DotSupported() { return false; }
+#else  // !KVGUARD_AVX512_BF16
 
 void AttendTaskBf16Dot(const PagedKvView&, int, float, const DecodeQuery&, const Task&, float*) {
-  __builtin_trap();  // unreachable: callers check Bf16DotSupported()
+  __builtin_trap();  // unreachable: callers check internal::HasAvx512Bf16Vbmi()
 }
 
-#endif  // KVGUARD_BF16DOT
+#endif  // KVGUARD_AVX512_BF16
 
 }  // namespace kvguard::kernels::attention_internal

@@ -46,6 +46,8 @@
 
 #include "absl/base/internal/raw_logging.h"
 #include "kernels/cpu/internal/cache_info.h"
+#include "kernels/cpu/internal/cpu_features.h"
+#include "kernels/cpu/internal/matmul_bf16dot.h"
 
 #ifndef KVGUARD_KERNELS_CPU_MATMUL_SHARED_
 #define KVGUARD_KERNELS_CPU_MATMUL_SHARED_
@@ -1101,7 +1103,24 @@ void Int4MatMul(const WeightView& w, const float* x, int batch, float* y, Thread
 
 }  // namespace
 
-void MatMulImpl(const WeightView& w, const float* x, int batch, float* y, ThreadPool* pool) {
+// UsesBf16Dot: FP8 and BF16 weights with MatMulActivations::kBf16 run on BF16 dot products
+// (matmul_bf16dot.cc) where runtime dispatch picks AVX3_DL (so that ForceTarget steers it in tests)
+// and the CPU has AVX-512 BF16 and VBMI.
+bool UsesBf16Dot(WeightFormat format, MatMulActivations activations) {
+#if HWY_TARGET == HWY_AVX3_DL
+  return (format == WeightFormat::kFp8 || format == WeightFormat::kBf16) &&
+         activations == MatMulActivations::kBf16 && internal::HasAvx512Bf16Vbmi();
+#else
+  (void)format, (void)activations;
+  return false;
+#endif
+}
+
+void MatMulImpl(const WeightView& w, const float* x, int batch, float* y, ThreadPool* pool,
+                MatMulActivations activations) {
+  if (UsesBf16Dot(w.format, activations)) {
+    return matmul_internal::MatMulBf16Dot(w, x, batch, y, pool, NextCall());
+  }
   switch (w.format) {
     case WeightFormat::kFp32:
       return FpMatMul<Fp32Weights>(w, x, batch, y, pool);
@@ -1139,8 +1158,28 @@ uint64_t NextCall() {
 }  // namespace matmul_internal
 
 HWY_EXPORT(MatMulImpl);
+HWY_EXPORT(UsesBf16Dot);
 
-void MatMul(const WeightView& w, const float* x, int batch, float* y, ThreadPool* pool) {
+const char* MatMulArithmeticName(MatMulArithmetic arithmetic) {
+  switch (arithmetic) {
+    case MatMulArithmetic::kFp32:
+      return "fp32";
+    case MatMulArithmetic::kBf16Products:
+      return "bf16-products";
+    case MatMulArithmetic::kInt8Activations:
+      return "int8-activations";
+  }
+  return "?";
+}
+
+MatMulArithmetic MatMulArithmeticFor(WeightFormat format, MatMulActivations activations) {
+  if (format == WeightFormat::kInt4) return MatMulArithmetic::kInt8Activations;
+  return HWY_DYNAMIC_DISPATCH(UsesBf16Dot)(format, activations) ? MatMulArithmetic::kBf16Products
+                                                                : MatMulArithmetic::kFp32;
+}
+
+void MatMul(const WeightView& w, const float* x, int batch, float* y, ThreadPool* pool,
+            MatMulActivations activations) {
   ABSL_RAW_CHECK(w.rows > 0 && w.cols > 0 && w.data != nullptr, "MatMul: empty weights");
   ABSL_RAW_CHECK(x != nullptr && y != nullptr, "MatMul: null x or y");
   ABSL_RAW_CHECK(batch >= 1 && batch <= 64, "MatMul: batch must be in [1, 64]");
@@ -1153,7 +1192,7 @@ void MatMul(const WeightView& w, const float* x, int batch, float* y, ThreadPool
   ABSL_RAW_CHECK(
       w.format != WeightFormat::kInt4 || w.cols / w.group <= matmul_internal::kMaxInt4Groups,
       "MatMul: INT4 rows hold at most 1024 groups");
-  HWY_DYNAMIC_DISPATCH(MatMulImpl)(w, x, batch, y, pool);
+  HWY_DYNAMIC_DISPATCH(MatMulImpl)(w, x, batch, y, pool, activations);
 }
 
 }  // namespace kvguard::kernels

@@ -4,7 +4,10 @@
 // accumulated in FP64. An FP8 or INT4 weight (code value x FP32 or FP16 scale) and its product
 // with an FP32 x are exact in FP64, so the only rounding that matters is the final one to FP32
 // (plus FP64 accumulation error, ~2^-53 per term): this is the "exact" answer the SIMD kernels'
-// error budgets are measured against.
+// error budgets are measured against. With MatMulActivations::kBf16 it is the exact product of the
+// dequantised W and x rounded to BF16 (what the BF16 dot-product kernel multiplies), for FP8 and
+// BF16 weights on any CPU: the caller asks for it where MatMulArithmeticFor says kBf16Products.
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -44,9 +47,20 @@ double WeightAt(const WeightView& w, int64_t r, int64_t c) {
   return 0.0;
 }
 
+// ActivationAt returns x as the kernels use it: as given, or (kBf16, FP8 and BF16 weights)
+// rounded to BF16 to nearest even, denormals read as zero (VCVTNE2PS2BF16's behaviour).
+double ActivationAt(float x, const WeightView& w, MatMulActivations activations) {
+  const bool bf16 = activations == MatMulActivations::kBf16 &&
+                    (w.format == WeightFormat::kFp8 || w.format == WeightFormat::kBf16);
+  if (!bf16) return x;
+  if (std::fabs(x) < 0x1p-126f) return 0.0;
+  return Bf16ToFloat(Bf16FromFloat(x));
+}
+
 }  // namespace
 
-void MatMul(const WeightView& w, const float* x, int batch, float* y, ThreadPool* pool) {
+void MatMul(const WeightView& w, const float* x, int batch, float* y, ThreadPool* pool,
+            MatMulActivations activations) {
   ABSL_RAW_CHECK(w.rows > 0 && w.cols > 0 && w.data != nullptr, "ref::MatMul: empty weights");
   ABSL_RAW_CHECK(batch >= 1 && batch <= 64, "ref::MatMul: batch must be in [1, 64]");
   ABSL_RAW_CHECK(w.format != WeightFormat::kFp8 || w.row_scales != nullptr,
@@ -59,7 +73,9 @@ void MatMul(const WeightView& w, const float* x, int batch, float* y, ThreadPool
     for (int64_t r = r0; r < r1; ++r) {
       for (int b = 0; b < batch; ++b) {
         double acc = 0.0;
-        for (int64_t c = 0; c < w.cols; ++c) acc += WeightAt(w, r, c) * x[b * w.cols + c];
+        for (int64_t c = 0; c < w.cols; ++c) {
+          acc += WeightAt(w, r, c) * ActivationAt(x[b * w.cols + c], w, activations);
+        }
         y[b * w.rows + r] = static_cast<float>(acc);
       }
     }

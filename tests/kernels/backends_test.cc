@@ -13,6 +13,9 @@
 //   kInt4ActQuant  INT4 matmul rounds x to int8 per block (s = max|x_block| / 127), so each
 //                  output may move by sum_c |w_rc| * s / 2 <= sum_c |w_rc| * max|x| / 254, plus
 //                  the FP32 accumulation term above.
+//                  With MatMulActivations::kBf16 the reference multiplies x rounded to BF16
+//                  where the dispatched kernel does (MatMulArithmetic::kBf16Products): the same
+//                  kF32Accum budget then holds against it.
 //   kAttention     paged attention: same dequantised K/V on both sides; online softmax with a
 //                  polynomial exp in FP32 vs a two-pass FP64 softmax: |err| <= 2e-5 * max|V|.
 //   kAttentionBf16Products  the same where the dispatched kernel rounds q and the
@@ -99,16 +102,19 @@ std::string Bf16DecodeCase() {
 }
 
 // ---- matmul -------------------------------------------------------------------------------
-std::string MatMulCase(WeightFormat format, int batch, bool int4_budget) {
-  const int rows = 67, cols = 512;
+std::string MatMulCase(WeightFormat format, int batch, bool int4_budget, MatMulActivations act,
+                       int cols = 512) {
+  const int rows = 67;
+  const bool bf16_products = MatMulArithmeticFor(format, act) == MatMulArithmetic::kBf16Products;
   const std::vector<float> w = RandomFloats(static_cast<size_t>(rows) * cols, 3, 0.05f);
   const std::vector<float> x = RandomFloats(static_cast<size_t>(batch) * cols, 4);
   const QuantizedMatrix q = QuantizeMatrix(w.data(), rows, cols, format, 128);
   const std::vector<float> deq = DequantizeMatrix(q.view());
   std::vector<float> got(static_cast<size_t>(batch) * rows), want(got.size());
   ThreadPool pool(2);
-  MatMul(q.view(), x.data(), batch, got.data(), &pool);
-  ref::MatMul(q.view(), x.data(), batch, want.data(), nullptr);
+  MatMul(q.view(), x.data(), batch, got.data(), &pool, act);
+  ref::MatMul(q.view(), x.data(), batch, want.data(), nullptr,
+              bf16_products ? MatMulActivations::kBf16 : MatMulActivations::kExact);
   std::vector<double> tol(got.size());
   for (int b = 0; b < batch; ++b) {
     double max_x = 0;
@@ -241,11 +247,26 @@ std::vector<BackendCase> Cases() {
                                                           {"fp8", WeightFormat::kFp8},
                                                           {"int4", WeightFormat::kInt4}};
   for (const auto& [name, format] : formats) {
+    const bool int4 = format == WeightFormat::kInt4;
+    const char* budget = int4 ? "kInt4ActQuant" : "kF32Accum";
     for (int batch : {1, 5, 64}) {
-      const bool int4 = format == WeightFormat::kInt4;
-      cases.push_back({std::string("matmul_") + name + "_batch" + std::to_string(batch),
-                       int4 ? "kInt4ActQuant" : "kF32Accum",
-                       [f = format, batch, int4] { return MatMulCase(f, batch, int4); }});
+      cases.push_back({std::string("matmul_") + name + "_batch" + std::to_string(batch), budget,
+                       [f = format, batch, int4] {
+                         return MatMulCase(f, batch, int4, MatMulActivations::kExact);
+                       }});
+    }
+    // BF16 activations (prefill): every batch shape of the kernel's column vectors, odd columns,
+    // and a tail of fewer than 64 FP8 codes per row.
+    for (int batch : {1, 5, 16, 37, 64}) {
+      cases.push_back({std::string("matmul_") + name + "_bf16x_batch" + std::to_string(batch),
+                       budget, [f = format, batch, int4] {
+                         return MatMulCase(f, batch, int4, MatMulActivations::kBf16);
+                       }});
+    }
+    if (!int4) {
+      cases.push_back(
+          {std::string("matmul_") + name + "_bf16x_batch37_cols515", budget,
+           [f = format] { return MatMulCase(f, 37, false, MatMulActivations::kBf16, 515); }});
     }
   }
   const std::pair<const char*, KvDtype> dtypes[] = {

@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "kernels/cpu/dispatch.h"
+#include "kernels/cpu/internal/cpu_features.h"
+#include "kernels/cpu/internal/matmul_bf16dot.h"
 #include "kernels/cpu/quantize.h"
 
 namespace kvguard::kernels {
@@ -46,7 +48,7 @@ double DenormalFloor(int cols) { return (cols + 32) * 0x1p-150; }
 constexpr double kActivationRounding = 0.5 + 0x1p-16;
 constexpr float kXFlushBelow = 0x1p-100f;  // blocks below this max |x| are taken as zero
 
-const int kBatches[] = {1, 2, 3, 7, 8, 16, 64};
+const int kBatches[] = {1, 2, 3, 7, 8, 16, 37, 64};
 
 struct Shape {
   int rows, cols, group;
@@ -71,6 +73,16 @@ std::vector<float> RandomWeights(int rows, int cols, uint32_t seed) {
   return w;
 }
 
+// Bf16Rounded returns x as MatMulArithmetic::kBf16Products uses it: each element rounded to
+// BF16 to nearest even, denormals as zero.
+std::vector<float> Bf16Rounded(const std::vector<float>& x) {
+  std::vector<float> r(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    r[i] = std::fabs(x[i]) < 0x1p-126f ? 0.0f : Bf16ToFloat(Bf16FromFloat(x[i]));
+  }
+  return r;
+}
+
 std::vector<float> RandomActivations(int batch, int cols, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -80,7 +92,8 @@ std::vector<float> RandomActivations(int batch, int cols, uint32_t seed) {
   return x;
 }
 
-// Budget returns the allowed |y - y_ref| for every output [batch, rows], from the data.
+// Budget returns the allowed |y - y_ref| for every output [batch, rows], from the data (against
+// a reference that rounds x as the kernel does: see Check).
 std::vector<double> Budget(WeightFormat format, int group, const std::vector<float>& deq, int rows,
                            int cols, const std::vector<float>& x, int batch) {
   std::vector<double> budget(static_cast<size_t>(batch) * rows);
@@ -107,8 +120,9 @@ std::vector<double> Budget(WeightFormat format, int group, const std::vector<flo
       double activation = 0, magnitude = 0;
       for (int c = 0; c < cols; ++c) {
         const double aw = std::fabs(static_cast<double>(wr[c]));
+        const double ax = std::fabs(static_cast<double>(xb[c]));
         activation += aw * (s[c] * kActivationRounding + flush[c]);
-        magnitude += aw * (std::fabs(static_cast<double>(xb[c])) + s[c]);
+        magnitude += aw * (ax + s[c]);
       }
       budget[static_cast<size_t>(b) * rows + r] =
           activation + accumulation * magnitude + DenormalFloor(cols);
@@ -123,12 +137,15 @@ class MatMulTest : public ::testing::Test {
   void TearDown() override { ResetTarget(); }
 
   // Check runs MatMul on `w` (quantised from `wf`) for every target and both thread settings,
-  // and compares each output with ref::MatMul on the dequantised weights within its budget.
+  // and compares each output with ref::MatMul on the dequantised weights within its budget. The
+  // reference multiplies x as the kernel uses it: rounded to BF16 (Bf16Rounded) where
+  // MatMulArithmeticFor says kBf16Products, else as given.
   void Check(const std::vector<float>& wf, const Shape& shape, WeightFormat format,
-             const std::vector<float>& x, int batch) {
+             const std::vector<float>& x, int batch,
+             MatMulActivations act = MatMulActivations::kExact) {
     SCOPED_TRACE(std::string(WeightFormatName(format)) + " " + std::to_string(shape.rows) + "x" +
                  std::to_string(shape.cols) + " group " + std::to_string(shape.group) + " batch " +
-                 std::to_string(batch));
+                 std::to_string(batch) + (act == MatMulActivations::kBf16 ? " bf16 x" : ""));
     const QuantizedMatrix q =
         QuantizeMatrix(wf.data(), shape.rows, shape.cols, format, shape.group ? shape.group : 128);
     const std::vector<float> deq = DequantizeMatrix(q.view());
@@ -136,17 +153,19 @@ class MatMulTest : public ::testing::Test {
     deq_view.rows = shape.rows;
     deq_view.cols = shape.cols;
     deq_view.data = deq.data();
-    std::vector<float> want(static_cast<size_t>(batch) * shape.rows);
-    ref::MatMul(deq_view, x.data(), batch, want.data(), nullptr);
-    const std::vector<double> budget =
-        Budget(format, shape.group, deq, shape.rows, shape.cols, x, batch);
     for (int64_t target : targets_) {
       SCOPED_TRACE(TargetName(target));
       ForceTarget(target);
+      const bool bf16 = MatMulArithmeticFor(format, act) == MatMulArithmetic::kBf16Products;
+      const std::vector<float> xr = bf16 ? Bf16Rounded(x) : x;
+      std::vector<float> want(static_cast<size_t>(batch) * shape.rows);
+      ref::MatMul(deq_view, xr.data(), batch, want.data(), nullptr);
+      const std::vector<double> budget =
+          Budget(format, shape.group, deq, shape.rows, shape.cols, xr, batch);
       for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2_}) {
         SCOPED_TRACE(pool ? "2 threads" : "no pool");
         std::vector<float> got(want.size(), std::numeric_limits<float>::quiet_NaN());
-        MatMul(q.view(), x.data(), batch, got.data(), pool);
+        MatMul(q.view(), x.data(), batch, got.data(), pool, act);
         int bad = 0;
         for (size_t i = 0; i < got.size(); ++i) {
           const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
@@ -165,14 +184,15 @@ class MatMulTest : public ::testing::Test {
     ResetTarget();
   }
 
-  void RunTable(WeightFormat format, const Shape* shapes, size_t count) {
+  void RunTable(WeightFormat format, const Shape* shapes, size_t count,
+                MatMulActivations act = MatMulActivations::kExact) {
     uint32_t seed = 100;
     for (size_t s = 0; s < count; ++s) {
       const Shape& shape = shapes[s];
       const std::vector<float> w = RandomWeights(shape.rows, shape.cols, ++seed);
       for (int batch : kBatches) {
         const std::vector<float> x = RandomActivations(batch, shape.cols, ++seed);
-        Check(w, shape, format, x, batch);
+        Check(w, shape, format, x, batch, act);
         if (HasFailure()) return;
       }
     }
@@ -196,6 +216,58 @@ TEST_F(MatMulTest, Fp8MatchesReference) {
 
 TEST_F(MatMulTest, Int4MatchesReference) {
   RunTable(WeightFormat::kInt4, kInt4Shapes, std::size(kInt4Shapes));
+}
+
+// BF16 activations (prefill): FP8 and BF16 weights run on BF16 dot products where the CPU has
+// them; FP32 and INT4 weights, and CPUs without them, compute as with exact activations.
+TEST_F(MatMulTest, Fp8WithBf16ActivationsMatchesReference) {
+  RunTable(WeightFormat::kFp8, kFloatShapes, std::size(kFloatShapes), MatMulActivations::kBf16);
+}
+
+TEST_F(MatMulTest, Bf16WithBf16ActivationsMatchesReference) {
+  RunTable(WeightFormat::kBf16, kFloatShapes, std::size(kFloatShapes), MatMulActivations::kBf16);
+}
+
+TEST_F(MatMulTest, Fp32AndInt4IgnoreBf16Activations) {
+  RunTable(WeightFormat::kFp32, kFloatShapes, std::size(kFloatShapes), MatMulActivations::kBf16);
+  RunTable(WeightFormat::kInt4, kInt4Shapes, std::size(kInt4Shapes), MatMulActivations::kBf16);
+}
+
+// A column's outputs do not depend on what else is in the batch, bit for bit, for every format,
+// both activation modes and every target: the engine's tokens must not depend on which other
+// requests share a step.
+TEST_F(MatMulTest, AColumnsOutputsDoNotDependOnTheBatch) {
+  const int rows = 45;
+  for (WeightFormat f :
+       {WeightFormat::kFp32, WeightFormat::kBf16, WeightFormat::kFp8, WeightFormat::kInt4}) {
+    const int cols = f == WeightFormat::kInt4 ? 384 : 333;  // odd, and a tail of FP8 codes
+    const std::vector<float> w = RandomWeights(rows, cols, 21);
+    const std::vector<float> x = RandomActivations(64, cols, 22);
+    const QuantizedMatrix q = QuantizeMatrix(w.data(), rows, cols, f, 128);
+    for (MatMulActivations act : {MatMulActivations::kExact, MatMulActivations::kBf16}) {
+      for (int64_t target : targets_) {
+        ForceTarget(target);
+        std::vector<float> all(static_cast<size_t>(64) * rows);
+        MatMul(q.view(), x.data(), 64, all.data(), &pool2_, act);
+        for (int batch : {1, 3, 16, 17, 40}) {
+          for (int first : {0, 64 - batch}) {
+            SCOPED_TRACE(std::string(WeightFormatName(f)) + " " + TargetName(target) +
+                         (act == MatMulActivations::kBf16 ? " bf16 x" : "") + " batch " +
+                         std::to_string(batch) + " from column " + std::to_string(first));
+            std::vector<float> part(static_cast<size_t>(batch) * rows);
+            MatMul(q.view(), x.data() + static_cast<size_t>(first) * cols, batch, part.data(),
+                   &pool2_, act);
+            for (size_t i = 0; i < part.size(); ++i) {
+              ASSERT_EQ(std::bit_cast<uint32_t>(part[i]),
+                        std::bit_cast<uint32_t>(all[static_cast<size_t>(first) * rows + i]))
+                  << "output " << i;
+            }
+          }
+        }
+      }
+      ResetTarget();
+    }
+  }
 }
 
 // A thread prepares x (FP8: scaling; INT4: quantisation) once per call and reuses it for every
@@ -421,6 +493,41 @@ TEST_F(MatMulTest, ReferenceOnQuantisedViewMatchesDequantised) {
       EXPECT_LE(std::fabs(static_cast<double>(a[i]) - b[i]), 3 * kU * magnitude) << i;
     }
   }
+}
+
+// Every e4m3 code widens to the BF16 encoding of its exact value (the NaN codes as +-480, as
+// the FP32 kernel reads them); a widening that dropped the subnormals or the sign would not.
+TEST(MatMulBf16DotTest, EveryFp8CodeWidensToItsExactValue) {
+  for (int code = 0; code < 256; ++code) {
+    SCOPED_TRACE(code);
+    const uint8_t c = static_cast<uint8_t>(code);
+    const float want = (c & 0x7F) == 0x7F ? ((c & 0x80) ? -480.0f : 480.0f) : Fp8E4m3ToFloat(c);
+    const uint32_t bits = uint32_t{matmul_internal::Fp8CodeToBf16(c)} << 16;
+    EXPECT_EQ(std::bit_cast<float>(bits), want);
+  }
+}
+
+// BF16 activations run on BF16 dot products exactly where the CPU has them, for FP8 and BF16
+// weights only, and under the AVX3_DL target only (a forced lower target keeps FP32).
+TEST(MatMulBf16DotTest, Bf16ActivationsUseBf16ProductsWhereTheCpuHasThem) {
+  const bool cpu = internal::HasAvx512Bf16Vbmi();
+  for (WeightFormat f : {WeightFormat::kFp8, WeightFormat::kBf16}) {
+    EXPECT_EQ(MatMulArithmeticFor(f, MatMulActivations::kBf16),
+              cpu ? MatMulArithmetic::kBf16Products : MatMulArithmetic::kFp32);
+    EXPECT_EQ(MatMulArithmeticFor(f, MatMulActivations::kExact), MatMulArithmetic::kFp32);
+  }
+  EXPECT_EQ(MatMulArithmeticFor(WeightFormat::kFp32, MatMulActivations::kBf16),
+            MatMulArithmetic::kFp32);
+  EXPECT_EQ(MatMulArithmeticFor(WeightFormat::kInt4, MatMulActivations::kBf16),
+            MatMulArithmetic::kInt8Activations);
+  for (int64_t target : SupportedTargets()) {
+    if (TargetName(target) == "AVX3_DL") continue;
+    ForceTarget(target);
+    EXPECT_EQ(MatMulArithmeticFor(WeightFormat::kFp8, MatMulActivations::kBf16),
+              MatMulArithmetic::kFp32)
+        << TargetName(target);
+  }
+  ResetTarget();
 }
 
 TEST(MatMulDeathTest, BadArgumentsRefused) {

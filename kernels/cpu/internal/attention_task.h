@@ -77,10 +77,6 @@ inline size_t GatherK(const void* const* pages, const int* counts, int num_pages
 // one at a time, so requests of different lengths balance themselves.
 void RunTaskList(size_t n, ThreadPool* pool, const std::function<void(size_t)>& fn);
 
-// Bf16DotSupported returns whether this CPU can run the BF16 dot-product kernel: x86-64 with
-// AVX-512 F, BW, VL, DQ, VBMI and BF16, and the OS saving AVX-512 state.
-bool Bf16DotSupported();
-
 // Bf16DotTakes returns whether the BF16 dot-product kernel handles `kv`'s shape: FP8 or BF16
 // elements and head_dim a multiple of 64 (any page size).
 inline bool Bf16DotTakes(const PagedKvView& kv) {
@@ -88,7 +84,7 @@ inline bool Bf16DotTakes(const PagedKvView& kv) {
 }
 
 // AttendTaskBf16Dot runs `task` (all `group` query heads of each of its kv heads over one token
-// range) with the BF16 dot-product kernel. Only call it when Bf16DotSupported() and
+// range) with the BF16 dot-product kernel. Only call it when internal::HasAvx512Bf16Vbmi() and
 // Bf16DotTakes(kv). A task with partial < 0 writes the query.out rows of its heads; else kv
 // head kv_head + i writes the partial state at slot partial + i * partial_head_stride, its
 // accumulator in output units times 1 / VFactor(kv, head), as the Highway kernel does.
