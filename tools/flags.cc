@@ -27,6 +27,9 @@ const char kEngineFlagsHelp[] =
     "  --max-batch N                most requests in flight at once (default 64)\n"
     "  --step-tokens N              a step's token budget: decode tokens plus prefill\n"
     "                               chunks; >= --max-batch (default 256)\n"
+    "  --partial-prefill-tokens N   the most tokens long prompts' chunks take in one step,\n"
+    "                               all together, beside other work (default 64; 0: no\n"
+    "                               limit beyond the budget)\n"
     "  --admission-ratio F          first estimate of the fraction of max_tokens requests\n"
     "                               use; admission reserves that much of their growth (then\n"
     "                               follows observed usage, 1 after a preemption; default 1;\n"
@@ -218,6 +221,10 @@ bool ParseEngineFlag(Args& a, core::RuntimeOptions* o, absl::Status* status) {
   }
   if (a.Flag("--admission-ratio")) {
     *status = a.Double(&o->engine.admission_ratio, 0, 1);  // 0: greedy, always
+    return true;
+  }
+  if (a.Flag("--partial-prefill-tokens")) {
+    *status = a.Int(&o->engine.partial_prefill_tokens, 0, 1 << 20);
     return true;
   }
   if (a.Flag("--step-tokens")) {

@@ -25,6 +25,7 @@ SchedulerOptions SchedulerOptionsOf(const EngineOptions& o) {
   s.admission_ratio_min = o.admission_ratio_min;
   s.admission_ratio_decay = o.admission_ratio_decay;
   s.step_tokens = o.step_tokens;
+  s.partial_prefill_tokens = o.partial_prefill_tokens;
   return s;
 }
 
@@ -462,6 +463,7 @@ void Engine::StepLoop() {
   std::vector<Model::Chunk> chunks;
   std::vector<isolation::StepSession> sessions;
   std::vector<int32_t> tag_faults;
+  std::vector<int> sampled;     // the token sampled from each row's logits (-1: none)
   std::vector<size_t> in_step;  // chunk j of the forward pass is batch entry in_step[j]
   std::vector<Model::Chunk> run;
   // The plan's requests, resolved before carrying it out changes in_flight_ and waiting_.
@@ -606,6 +608,20 @@ void Engine::StepLoop() {
     // meanwhile: only this thread finishes, preempts or grows them (Cancel only flags them).
     logits.resize(run.size() * V);
     const absl::Status status = model_->Forward(run, *pool_, logits.data(), &kernel_pool_);
+    // Sample each row that asked for logits, before taking the lock and over the kernel pool:
+    // a request's sampler is its own, and only this thread steps it. A row whose token the step
+    // does not accept (a violation, a cancel, an error) has drawn for nothing, and its request
+    // ends there. Rows whose chunk met a foreign page are not sampled: their logits mean nothing.
+    sampled.assign(run.size(), -1);
+    if (status.ok()) {
+      kernel_pool_.ParallelFor(static_cast<int64_t>(run.size()), 1, [&](int64_t b, int64_t e) {
+        for (int64_t j = b; j < e; ++j) {
+          if (!run[size_t(j)].logits || tag_faults[size_t(j)] >= 0) continue;
+          sampled[size_t(j)] =
+              batch[in_step[size_t(j)]]->sampler.Sample(&logits[size_t(j) * V], c.vocab_size);
+        }
+      });
+    }
     std::unique_lock<std::mutex> lock(mu_);
 #if KVGUARD_FAULT_INJECTION
     // The bug: the page goes back after the kernels read it, before the step's result is
@@ -650,7 +666,10 @@ void Engine::StepLoop() {
         // request samples its first token from the last chunk's logits; a recomputed one
         // already has its next input (the last token it generated).
         r->state = Request::State::kRunning;
-        if (ch.logits) AcceptTokenLocked(r, r->sampler.Sample(&logits[j * V], c.vocab_size));
+        if (ch.logits) {
+          ABSL_RAW_CHECK(sampled[j] >= 0, "an accepted row was not sampled");
+          AcceptTokenLocked(r, sampled[j]);
+        }
       }
     }
     std::erase_if(in_flight_, [](const Request* r) { return r->state == Request::State::kDone; });

@@ -56,6 +56,9 @@ struct EngineOptions {
   // The step's token budget (SchedulerOptions::step_tokens): decode tokens plus prefill
   // chunk tokens; >= max_batch.
   int step_tokens = 256;
+  // The most tokens partial prefills (long prompts' chunks) take in one step, all together, beside
+  // other work (SchedulerOptions::partial_prefill_tokens); 0: no limit beyond step_tokens.
+  int partial_prefill_tokens = 64;
   int threads = 2;  // threads of the engine's kernel pool (the engine thread among them)
   // The engine starts paused (allowances of 0, Engine::Allow): tests submit their requests
   // first and then let it run a known number of admissions and decode steps.

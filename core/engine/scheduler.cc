@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -19,6 +20,10 @@ absl::Status SchedulerOptions::Validate() const {
   if (step_tokens < max_batch) {
     return absl::InvalidArgumentError(
         absl::StrCat("step_tokens ", step_tokens, " must be >= max_batch ", max_batch));
+  }
+  if (partial_prefill_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("partial_prefill_tokens ", partial_prefill_tokens, " < 0"));
   }
   return absl::OkStatus();
 }
@@ -104,6 +109,16 @@ StepPlan Scheduler::Schedule(std::span<const SchedRequest> running,
   }
   int budget = options_.step_tokens - static_cast<int>(plan.decode.size());
   const int whole_budget = budget;
+  // Tokens partial prefills may still take in this step (SchedulerOptions::partial_prefill_tokens):
+  // limited while the step has decode tokens or a prompt it could hold whole waits (whose latency
+  // the cap protects); long prompts with nothing else to do take the whole budget.
+  const bool contended =
+      !plan.decode.empty() || std::any_of(waiting.begin(), waiting.end(), [&](const auto& w) {
+        return w.prefill_tokens <= whole_budget;
+      });
+  int partial_left = options_.partial_prefill_tokens > 0 && contended
+                         ? options_.partial_prefill_tokens
+                         : std::numeric_limits<int>::max();
   // 2. Admission, by Admit's rule, against the pages left and everything in flight then; none
   // in a step that just found the pool dry.
   if (plan.preempt.empty()) {
@@ -122,7 +137,24 @@ StepPlan Scheduler::Schedule(std::span<const SchedRequest> running,
       // as a prefill under way behind the long ones. Only a prompt longer than that starts with
       // a partial chunk.
       if (admitted.prefill_tokens > budget && admitted.prefill_tokens <= whole_budget) break;
-      const int n = std::min(admitted.prefill_tokens, budget);
+      int n = std::min(admitted.prefill_tokens, budget);
+      if (n < admitted.prefill_tokens) {  // a long prompt starts: a partial prefill
+        n = std::min(n, partial_left);
+        if (n == 0) {
+          // No partial prefill may start in this step. Its tenant's queue waits (first in, first
+          // out within a tenant); the other tenants' whole prompts go on. The cap is renewed every
+          // step and whole prompts do not spend it, so the long prompt starts when its turn
+          // comes again (unlike pages, which shorter prompts would take: see Admit).
+          const isolation::TenantId skipped = admitted.tenant;
+          for (size_t i = queue.size(); i-- > 0;) {
+            if (queue[i].tenant != skipped) continue;
+            queue.erase(queue.begin() + static_cast<std::ptrdiff_t>(i));
+            queue_index.erase(queue_index.begin() + static_cast<std::ptrdiff_t>(i));
+          }
+          continue;
+        }
+        partial_left -= n;
+      }
       plan.admit.push_back({queue_index[*a], n});
       budget -= n;
       free -= admitted.prefill_pages;
@@ -134,11 +166,12 @@ StepPlan Scheduler::Schedule(std::span<const SchedRequest> running,
     }
   }
   // 3. Prefill chunks of requests admitted earlier, oldest first, with what is left.
-  for (size_t i = 0; i < running.size() && budget > 0; ++i) {
+  for (size_t i = 0; i < running.size() && budget > 0 && partial_left > 0; ++i) {
     if (gone[i] || running[i].prefill_tokens == 0) continue;
-    const int n = std::min(running[i].prefill_tokens, budget);
+    const int n = std::min({running[i].prefill_tokens, budget, partial_left});
     plan.prefill.push_back({i, n});
     budget -= n;
+    partial_left -= n;
   }
   return plan;
 }

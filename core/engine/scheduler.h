@@ -25,6 +25,11 @@
 //   3. Prefill that goes on: requests admitted in earlier steps whose prompt is not all in the
 //      cache compute their next chunk, oldest first, with the budget left: a long prompt
 //      spreads over several steps (chunked prefill).
+//   Partial prefills (a long prompt's first chunk in 2., the chunks in 3.) together take at most
+//   SchedulerOptions::partial_prefill_tokens of the budget while the step decodes or a short
+//   prompt waits. A long prompt
+//   whose turn comes when none of that is left waits for the next step with its tenant's later
+//   requests; the other tenants' whole prompts are admitted meanwhile.
 //   Admission comes before the chunks of prefills under way, so a short prompt waits at most
 //   one step behind long ones (head-of-line blocking), and a step's length stays bounded by
 //   the budget; the prefills under way take every token admissions leave, and admissions are
@@ -68,10 +73,21 @@ struct SchedulerOptions {
   // the decode tokens leave. Larger steps amortise reading the weights over more tokens;
   // smaller ones bound how long a step (and so every running request's next token) takes.
   int step_tokens = 256;
+  // The most tokens that partial prefills (chunks of prompts longer than what one step holds,
+  // and those prompts' later chunks) take in one step, all together, while the step has decode
+  // tokens or a prompt it could hold whole waits; 0: no limit beyond the budget. Whole prompts and
+  // decode tokens are not limited by it, and long prompts with nothing else to do take the whole
+  // budget. A long prompt's chunk is the costliest row of a step (it attends over everything before
+  // it), and a step's length is every running request's time between tokens and every waiting short
+  // prompt's wait: the cap keeps steps short while long prompts are prefilled beside others
+  // (vLLM's long_prefill_token_threshold has the same purpose), at the cost of the long prompts'
+  // own time to first token. 64 measured best of 0 / 64 / 128 on the head-of-line experiment
+  // (bench/results/serve-load-hol.md).
+  int partial_prefill_tokens = 64;
 
   // Validate: InvalidArgument unless max_batch >= 1, reserve_pages >= 0, the three ratio
-  // parameters are in [0, 1] and step_tokens >= max_batch (so that a prefill in flight always
-  // has budget beside the decode tokens).
+  // parameters are in [0, 1], step_tokens >= max_batch (so that a prefill in flight always
+  // has budget beside the decode tokens) and partial_prefill_tokens >= 0.
   absl::Status Validate() const;
 };
 

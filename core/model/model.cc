@@ -434,8 +434,9 @@ absl::Status Model::Forward(std::span<const Chunk> chunks, KvPool& pool, float* 
       const int i = rows.chunk[size_t(r)], pos = rows.pos[size_t(r)];
       float* kt = s.k(c, r);
       const float* vt = s.v(c, r);
-      kernels::Rope(s.q(c, r), c.n_heads, hd, pos, c.rope_theta);
-      kernels::Rope(kt, c.n_kv_heads, hd, pos, c.rope_theta);
+      // Q's heads and then K's are contiguous in qkv: one call rotates both, so the position's
+      // angles are computed once.
+      kernels::Rope(s.q(c, r), c.n_heads + c.n_kv_heads, hd, pos, c.rope_theta);
       if (calib_k_max_ != nullptr) {
         for (int h = 0; h < c.n_kv_heads; ++h) {
           float& km = (*calib_k_max_)[size_t(l) * c.n_kv_heads + h];
@@ -481,7 +482,13 @@ absl::Status Model::Forward(std::span<const Chunk> chunks, KvPool& pool, float* 
     if (r < D) out_decode = static_cast<int>(out_chunk.size());
   }
   const int n_out = static_cast<int>(out_chunk.size());
-  if (n_out > 0) {
+  // When packed row k is chunk k's (a decode step, where every chunk wants logits), the
+  // matmul writes `logits` itself: a copy of [chunks, vocab] floats saved per step.
+  bool in_place = true;
+  for (int k = 0; k < n_out; ++k) in_place = in_place && out_chunk[size_t(k)] == k;
+  if (n_out > 0 && in_place) {
+    MatMulPhases(output_, s.xb.data(), out_decode, n_out, logits, tp);
+  } else if (n_out > 0) {
     std::vector<float>& packed = s.head;
     packed.resize(size_t(n_out) * c.vocab_size);
     MatMulPhases(output_, s.xb.data(), out_decode, n_out, packed.data(), tp);

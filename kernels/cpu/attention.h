@@ -33,7 +33,7 @@ constexpr bool IsSupportedHeadDim(int head_dim) {
 //   kFp32          scores q . k and outputs p . v in FP32 from exactly dequantised K and V (the
 //                  reference arithmetic; every Highway target, every dtype).
 //   kBf16Products  q (times softmax_scale and the K scale) and the softmax probabilities are
-//                  rounded to BF16 (relative error <= 2^-9 each) and multiplied with K and V,
+//                  rounded to BF16 (relative error <= 2^-8 each) and multiplied with K and V,
 //                  which are exact in BF16 (every FP8 e4m3 code is), in pairs summed in FP32
 //                  (AVX-512 VDPBF16PS: twice the multiply-adds of an FP32 FMA per instruction).
 //                  The output is an exact convex combination of V rows with the rounded
@@ -62,7 +62,7 @@ void PagedDecodeAttention(const PagedKvView& kv, int num_heads, float softmax_sc
 // Bf16ProductsErrorBound returns the largest |out - exact| (absolute, per output element) that
 // the kBf16Products arithmetic may add for query head `head` of `query`, beyond FP32 rounding,
 // derived from the data: rounding q to BF16 moves each score by at most
-// delta_t = 2^-9 softmax_scale sum_d |q_d k_td| (FP8: plus softmax_scale 2^-6 k_scale
+// delta_t = 2^-8 softmax_scale sum_d |q_d k_td| (FP8: plus softmax_scale 2^-6 k_scale
 // sum_d |q_d| for subnormal K codes read as zero), so each softmax weight by a factor within
 // e^(+-2 max_t delta_t); rounding the probabilities and normalising by their own sum moves each
 // weight by at most 2^-8 (1 + 2^-8) relative; the weights sum to 1, so the output moves by at

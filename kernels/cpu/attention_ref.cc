@@ -156,8 +156,9 @@ double Bf16ProductsErrorBound(const PagedKvView& kv, int num_heads, float softma
           max_v,
           std::fabs(Element(kv, kv.v, base + static_cast<int64_t>(t % page) * dim + d, v_scale)));
     }
-    // 2^-9: q's rounding to BF16; 2^-20: FP32 rounding of q * scale and of the sums (generous).
-    double score_error = sum * (0x1p-9 + 0x1p-20);
+    // 2^-8: q's rounding to BF16 (8 significant bits, to nearest); 2^-20: FP32 rounding of q *
+    // scale and of the sums (generous).
+    double score_error = sum * (0x1p-8 + 0x1p-20);
     if (fp8) score_error += sum_q * 0x1p-6 * k_scale;  // subnormal K codes read as zero
     delta = std::max(delta, score_error * static_cast<double>(softmax_scale));
   }

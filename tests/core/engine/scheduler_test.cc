@@ -163,11 +163,13 @@ SchedRequest Prompt(uint64_t id, isolation::TenantId tenant, int tokens, int pag
   return r;
 }
 
+// Budget: the token budget alone (no cap on partial prefills: see Capped).
 SchedulerOptions Budget(int step_tokens, int max_batch = 4) {
   SchedulerOptions o = Greedy();
   o.reserve_pages = 0;
   o.max_batch = max_batch;
   o.step_tokens = step_tokens;
+  o.partial_prefill_tokens = 0;
   return o;
 }
 
@@ -359,6 +361,73 @@ TEST(SchedulerTest, BadOptionsAreRefused) {
   EXPECT_FALSE(small_budget.Validate().ok()) << "a budget below the batch";
   small_budget.step_tokens = small_budget.max_batch;
   EXPECT_TRUE(small_budget.Validate().ok()) << "twin: a budget of the batch";
+  SchedulerOptions cap;
+  cap.partial_prefill_tokens = -1;
+  EXPECT_FALSE(cap.Validate().ok()) << "a negative partial prefill cap";
+  cap.partial_prefill_tokens = 0;
+  EXPECT_TRUE(cap.Validate().ok()) << "twin: no cap";
+}
+
+// A long prompt alone (nothing decodes, nothing waits) takes the whole budget: the cap only
+// protects other requests' latency. Twin: with one request decoding, the cap applies.
+TEST(SchedulerTest, ALongPromptAloneIsNotCapped) {
+  SchedulerOptions o = Budget(100);
+  o.partial_prefill_tokens = 20;
+  Scheduler s(o);
+  EXPECT_EQ(s.Schedule(std::vector{Prefilling(1, 3, 300)}, {}, 10).prefill, (Chunks{{0, 100}}));
+  EXPECT_EQ(s.Schedule({}, std::vector{Prompt(1, 1, 300, 19)}, 40).admit, (Chunks{{0, 100}}));
+  EXPECT_EQ(s.Schedule(std::vector{Prefilling(1, 3, 300), Decoding(2, 0)}, {}, 10).prefill,
+            (Chunks{{0, 20}}));
+}
+
+SchedulerOptions Capped(int step_tokens, int cap) {
+  SchedulerOptions o = Budget(step_tokens);
+  o.partial_prefill_tokens = cap;
+  return o;
+}
+
+// Prefills under way share the cap, oldest first, and leave the rest of the budget unused: the
+// step stays short. Twin: without a cap they take all that decoding leaves.
+TEST(SchedulerTest, PartialPrefillsTakeAtMostTheirCapTogether) {
+  const std::vector<SchedRequest> running = {Decoding(1, 1), Prefilling(2, 3, 300),
+                                             Prefilling(3, 3, 300)};
+  const StepPlan capped = Scheduler(Capped(100, 30)).Schedule(running, {}, 10);
+  EXPECT_EQ(capped.prefill, (Chunks{{1, 30}}));
+  EXPECT_EQ(capped.tokens(), 31);
+  const StepPlan twin = Scheduler(Capped(100, 0)).Schedule(running, {}, 10);
+  EXPECT_EQ(twin.prefill, (Chunks{{1, 99}}));
+}
+
+// A long prompt's first chunk counts against the cap (and leaves none to the prefills under
+// way); a prompt that one step holds whole is not limited by it.
+TEST(SchedulerTest, TheCapLimitsLongPromptsNotWholeOnes) {
+  Scheduler s(Capped(100, 20));
+  const std::vector<SchedRequest> running = {Prefilling(1, 3, 300), Decoding(4, 1)};
+  const StepPlan whole = s.Schedule(running, std::vector{Prompt(2, 1, 50, 4)}, 10);
+  EXPECT_EQ(whole.admit, (Chunks{{0, 50}})) << "whole, above the cap";
+  EXPECT_EQ(whole.prefill, (Chunks{{0, 20}}));
+  const StepPlan long_one = s.Schedule(running, std::vector{Prompt(3, 1, 500, 32)}, 40);
+  EXPECT_EQ(long_one.admit, (Chunks{{0, 20}})) << "its first chunk is capped";
+  EXPECT_TRUE(long_one.prefill.empty()) << "the cap is spent";
+}
+
+// When the cap is spent, a long prompt whose turn comes waits for the next step with its
+// tenant's later requests (first in, first out within a tenant), while other tenants' whole
+// prompts are admitted. Twin: with the cap left, the same long prompt starts.
+TEST(SchedulerTest, ALongPromptWaitsWhenTheCapIsSpentOthersGoOn) {
+  Scheduler s(Capped(100, 20));
+  const std::vector<SchedRequest> q = {Prompt(1, 1, 500, 32), Prompt(2, 2, 500, 32),
+                                       Prompt(3, 2, 10, 1), Prompt(4, 3, 10, 1)};
+  const StepPlan p = s.Schedule({}, q, 100);
+  EXPECT_EQ(p.admit, (Chunks{{0, 20}, {3, 10}}))
+      << "tenant 1's long prompt takes the cap; tenant 2's long prompt and its short one wait; "
+         "tenant 3's short one goes";
+  s.Admitted(1);
+  s.Admitted(3);
+  const std::vector<SchedRequest> next_q = {Prompt(2, 2, 500, 32), Prompt(3, 2, 10, 1)};
+  const StepPlan next = s.Schedule(std::vector{Prefilling(1, 32, 480)}, next_q, 60);
+  EXPECT_EQ(next.admit, (Chunks{{0, 20}, {1, 10}})) << "its turn: it starts, then its short one";
+  EXPECT_TRUE(next.prefill.empty()) << "the cap went to the new long prompt";
 }
 
 }  // namespace
