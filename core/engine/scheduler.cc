@@ -119,6 +119,15 @@ StepPlan Scheduler::Schedule(std::span<const SchedRequest> running,
   int partial_left = options_.partial_prefill_tokens > 0 && contended
                          ? options_.partial_prefill_tokens
                          : std::numeric_limits<int>::max();
+  // Of that, prefills under way come first (the oldest long prompts finish first, rather than
+  // every long prompt creeping on together); a long prompt starts with what they leave. Planned
+  // after admissions all the same, which keep the budget's first claim.
+  int64_t under_way = 0;
+  for (size_t i = 0; i < running.size(); ++i) {
+    if (!gone[i]) under_way += running[i].prefill_tokens;
+  }
+  int new_partial_left =
+      partial_left - static_cast<int>(std::min<int64_t>(partial_left, under_way));
   // 2. Admission, by Admit's rule, against the pages left and everything in flight then; none
   // in a step that just found the pool dry.
   if (plan.preempt.empty()) {
@@ -139,20 +148,17 @@ StepPlan Scheduler::Schedule(std::span<const SchedRequest> running,
       if (admitted.prefill_tokens > budget && admitted.prefill_tokens <= whole_budget) break;
       int n = std::min(admitted.prefill_tokens, budget);
       if (n < admitted.prefill_tokens) {  // a long prompt starts: a partial prefill
-        n = std::min(n, partial_left);
+        n = std::min(n, new_partial_left);
         if (n == 0) {
-          // No partial prefill may start in this step. Its tenant's queue waits (first in, first
-          // out within a tenant); the other tenants' whole prompts go on. The cap is renewed every
-          // step and whole prompts do not spend it, so the long prompt starts when its turn
-          // comes again (unlike pages, which shorter prompts would take: see Admit).
-          const isolation::TenantId skipped = admitted.tenant;
-          for (size_t i = queue.size(); i-- > 0;) {
-            if (queue[i].tenant != skipped) continue;
-            queue.erase(queue.begin() + static_cast<std::ptrdiff_t>(i));
-            queue_index.erase(queue_index.begin() + static_cast<std::ptrdiff_t>(i));
-          }
+          // No long prompt may start in this step: it waits, and the prompts behind it (its own
+          // tenant's included) that a step holds whole go on, since they do not spend the cap.
+          // It keeps its place: it is offered first when its tenant's turn comes, and pages are
+          // still never taken from under it (Admit).
+          queue.erase(queue.begin() + static_cast<std::ptrdiff_t>(*a));
+          queue_index.erase(queue_index.begin() + static_cast<std::ptrdiff_t>(*a));
           continue;
         }
+        new_partial_left -= n;
         partial_left -= n;
       }
       plan.admit.push_back({queue_index[*a], n});

@@ -27,9 +27,8 @@
 //      spreads over several steps (chunked prefill).
 //   Partial prefills (a long prompt's first chunk in 2., the chunks in 3.) together take at most
 //   SchedulerOptions::partial_prefill_tokens of the budget while the step decodes or a short
-//   prompt waits. A long prompt
-//   whose turn comes when none of that is left waits for the next step with its tenant's later
-//   requests; the other tenants' whole prompts are admitted meanwhile.
+//   prompt waits, prefills under way first: a long prompt starts with what they leave, or waits
+//   (without holding up the whole prompts behind it) while they use all of it.
 //   Admission comes before the chunks of prefills under way, so a short prompt waits at most
 //   one step behind long ones (head-of-line blocking), and a step's length stays bounded by
 //   the budget; the prefills under way take every token admissions leave, and admissions are

@@ -398,36 +398,51 @@ TEST(SchedulerTest, PartialPrefillsTakeAtMostTheirCapTogether) {
   EXPECT_EQ(twin.prefill, (Chunks{{1, 99}}));
 }
 
-// A long prompt's first chunk counts against the cap (and leaves none to the prefills under
-// way); a prompt that one step holds whole is not limited by it.
+// A long prompt's first chunk counts against the cap; a prompt that one step holds whole is
+// not limited by it.
 TEST(SchedulerTest, TheCapLimitsLongPromptsNotWholeOnes) {
   Scheduler s(Capped(100, 20));
-  const std::vector<SchedRequest> running = {Prefilling(1, 3, 300), Decoding(4, 1)};
+  const std::vector<SchedRequest> running = {Decoding(4, 1)};
   const StepPlan whole = s.Schedule(running, std::vector{Prompt(2, 1, 50, 4)}, 10);
   EXPECT_EQ(whole.admit, (Chunks{{0, 50}})) << "whole, above the cap";
-  EXPECT_EQ(whole.prefill, (Chunks{{0, 20}}));
   const StepPlan long_one = s.Schedule(running, std::vector{Prompt(3, 1, 500, 32)}, 40);
   EXPECT_EQ(long_one.admit, (Chunks{{0, 20}})) << "its first chunk is capped";
-  EXPECT_TRUE(long_one.prefill.empty()) << "the cap is spent";
 }
 
-// When the cap is spent, a long prompt whose turn comes waits for the next step with its
-// tenant's later requests (first in, first out within a tenant), while other tenants' whole
-// prompts are admitted. Twin: with the cap left, the same long prompt starts.
-TEST(SchedulerTest, ALongPromptWaitsWhenTheCapIsSpentOthersGoOn) {
+// Prefills under way have the first claim on the cap: a new long prompt starts only with what
+// they leave, so the oldest long prompts finish first. Twin: with the one under way nearly done,
+// the new one starts with the rest.
+TEST(SchedulerTest, PrefillsUnderWayComeFirstForTheCap) {
+  Scheduler s(Capped(100, 20));
+  const std::vector<SchedRequest> q = {Prompt(2, 1, 500, 32)};
+  const StepPlan busy = s.Schedule(std::vector{Prefilling(1, 32, 300), Decoding(3, 1)}, q, 40);
+  EXPECT_TRUE(busy.admit.empty()) << "the cap is the older prompt's";
+  EXPECT_EQ(busy.prefill, (Chunks{{0, 20}}));
+  const StepPlan rest = s.Schedule(std::vector{Prefilling(1, 32, 5), Decoding(3, 1)}, q, 40);
+  EXPECT_EQ(rest.admit, (Chunks{{0, 15}}));
+  EXPECT_EQ(rest.prefill, (Chunks{{0, 5}}));
+}
+
+// A long prompt that cannot start (the cap spent) does not hold up the whole prompts behind it,
+// its own tenant's included; it is offered first again when its tenant's turn comes. Twin: in
+// the next step, with the cap free, it starts before its tenant's later prompts.
+TEST(SchedulerTest, ALongPromptWaitingForTheCapHoldsUpNoWholePrompt) {
   Scheduler s(Capped(100, 20));
   const std::vector<SchedRequest> q = {Prompt(1, 1, 500, 32), Prompt(2, 2, 500, 32),
                                        Prompt(3, 2, 10, 1), Prompt(4, 3, 10, 1)};
   const StepPlan p = s.Schedule({}, q, 100);
-  EXPECT_EQ(p.admit, (Chunks{{0, 20}, {3, 10}}))
-      << "tenant 1's long prompt takes the cap; tenant 2's long prompt and its short one wait; "
-         "tenant 3's short one goes";
+  EXPECT_EQ(p.admit, (Chunks{{0, 20}, {2, 10}, {3, 10}}))
+      << "tenant 1's long prompt takes the cap; tenant 2's long one waits, its short one goes";
   s.Admitted(1);
+  s.Admitted(2);
   s.Admitted(3);
-  const std::vector<SchedRequest> next_q = {Prompt(2, 2, 500, 32), Prompt(3, 2, 10, 1)};
-  const StepPlan next = s.Schedule(std::vector{Prefilling(1, 32, 480)}, next_q, 60);
-  EXPECT_EQ(next.admit, (Chunks{{0, 20}, {1, 10}})) << "its turn: it starts, then its short one";
-  EXPECT_TRUE(next.prefill.empty()) << "the cap went to the new long prompt";
+  const std::vector<SchedRequest> next_q = {Prompt(2, 2, 500, 32), Prompt(5, 2, 10, 1)};
+  const StepPlan next =
+      s.Schedule(std::vector{Prefilling(1, 32, 20), Decoding(3, 1), Decoding(4, 1)}, next_q, 60);
+  EXPECT_EQ(next.admit, (Chunks{{1, 10}})) << "the cap is the prompt under way's this step";
+  EXPECT_EQ(next.prefill, (Chunks{{0, 20}}));
+  const StepPlan later = s.Schedule(std::vector{Decoding(3, 1), Decoding(4, 1)}, next_q, 60);
+  EXPECT_EQ(later.admit, (Chunks{{0, 20}, {1, 10}})) << "its turn and the cap: it starts first";
 }
 
 }  // namespace
