@@ -1,13 +1,20 @@
 #!/bin/bash -eu
-# fuzz/oss-fuzz/build.sh: the OSS-Fuzz / ClusterFuzzLite build of kvguard's fuzz targets.
+# fuzz/oss-fuzz/build.sh: an OSS-Fuzz-style build of kvguard's fuzz targets, against the Debian 12
+# packages scripts/setup installs (libstdc++ builds of Abseil, Highway, OpenSSL). It is not a
+# ClusterFuzzLite drop-in: fuzz/README.md says what that would still need.
 # Honours the variables those builders set: $CC, $CXX, $CFLAGS, $CXXFLAGS (sanitizer and
 # coverage flags), $LIB_FUZZING_ENGINE (the engine to link) and $OUT (where binaries go);
 # $WORK (scratch) is optional. For every target it writes $OUT/<target>_fuzzer, its
 # <target>_fuzzer.options, its dictionary and <target>_fuzzer_seed_corpus.zip.
-# Local check, as CI and fuzz/README.md do it:
+# Local check (fuzz/README.md; CI does not run it):
 #   CC=clang-14 CXX=clang++-14 CFLAGS="-fsanitize=address,undefined -fsanitize=fuzzer-no-link" \
 #   CXXFLAGS="$CFLAGS" LIB_FUZZING_ENGINE=-fsanitize=fuzzer OUT=/tmp/out fuzz/oss-fuzz/build.sh
-cd "$(dirname "$0")/../.."
+# The checkout: two levels above this script when it runs in place; OSS-Fuzz-style builders
+# copy build.sh to $SRC/build.sh and the checkout to $SRC/kvguard, where that would be "/".
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+if [ ! -f "$root/fuzz/oss-fuzz/build.sh" ]; then root="${SRC:?not in a checkout and \$SRC unset}/kvguard"; fi
+if [ ! -f "$root/fuzz/oss-fuzz/build.sh" ]; then echo "build.sh: no kvguard checkout at $root" >&2; exit 1; fi
+cd "$root"
 : "${CFLAGS:=}" "${CXXFLAGS:=}"
 build="${WORK:-/tmp}/kvguard-oss-fuzz-build"
 targets=(page_ops realloc_race kernel_diff tenant_policy audit_parse audit_verify gguf_parse
