@@ -37,24 +37,6 @@ int BenchUsage() {
   return 2;
 }
 
-std::string UtcNow() {
-  const std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S UTC", std::gmtime(&t));
-  return buf;
-}
-
-bool WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.close();
-  if (!out) {
-    std::fprintf(stderr, "kvguard bench: cannot write %s\n", path.c_str());
-    return false;
-  }
-  return true;
-}
-
 int RunBenchKernels(const std::vector<std::string>& args) {
   bool quick = false;
   int repetitions = 5;
@@ -130,12 +112,33 @@ int RunBenchKernels(const std::vector<std::string>& args) {
 
 }  // namespace
 
+std::string UtcNow() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%d %H:%M:%S UTC", std::gmtime(&t));
+  return buf;
+}
+
+bool WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) {
+    std::fprintf(stderr, "kvguard bench: cannot write %s\n", path.c_str());
+    return false;
+  }
+  return true;
+}
+
 int RunBench(const std::vector<std::string>& args) {
   if (!args.empty() && args[0] == "kernels") {
     return RunBenchKernels(std::vector<std::string>(args.begin() + 1, args.end()));
   }
   if (!args.empty() && args[0] == "gpu") {
     return RunBenchGpu(std::vector<std::string>(args.begin() + 1, args.end()));
+  }
+  if (!args.empty() && args[0] == "prefill") {
+    return RunBenchPrefill(std::vector<std::string>(args.begin() + 1, args.end()));
   }
   // `--isolation off,enforce,...` (a list) is the isolation-overhead benchmark; a single mode
   // is an engine flag like any other.

@@ -16,6 +16,7 @@ int RunGenerate(const std::vector<std::string>& args);
 int RunBenchEngine(const std::vector<std::string>& args);
 int RunBenchIsolation(const std::vector<std::string>& args);
 int RunBenchGpu(const std::vector<std::string>& args);
+int RunBenchPrefill(const std::vector<std::string>& args);
 int RunKeys(const std::vector<std::string>& args);
 int RunAudit(const std::vector<std::string>& args);
 int RunEval(const std::vector<std::string>& args);
@@ -29,6 +30,12 @@ std::string BuildDescription();
 
 // CpuModel returns the CPU model name from /proc/cpuinfo, or "unknown".
 std::string CpuModel();
+
+// UtcNow returns the time as "YYYY-MM-DD HH:MM:SS UTC", for result files.
+std::string UtcNow();
+
+// WriteFile replaces `path` with `text`; on failure it says so on stderr and returns false.
+bool WriteFile(const std::string& path, const std::string& text);
 
 }  // namespace kvguard::tools
 
