@@ -96,6 +96,165 @@ std::optional<ApiError> ReadContent(const json& content, const std::string& para
   return std::nullopt;
 }
 
+// Unsupported returns the refusal of a parameter this server does not implement.
+ApiError Unsupported(const std::string& param, const char* why) {
+  ApiError e = Invalid(param, absl::StrCat("'", param, "' is not supported by this server", why));
+  e.code = "unsupported_parameter";
+  return e;
+}
+
+// UnsupportedValue returns the refusal of a parameter accepted only at the value that changes
+// nothing.
+ApiError UnsupportedValue(const std::string& param, const char* accepted) {
+  ApiError e = Invalid(param, absl::StrCat("'", param, "' is only supported as ", accepted,
+                                           " (this server does not implement it)"));
+  e.code = "unsupported_value";
+  return e;
+}
+
+// Endpoints a field belongs to.
+enum Endpoints : unsigned { kCompletions = 1, kChat = 2, kBoth = 3 };
+
+// FieldRule says what ParseCompletionRequest does with one top-level field. `no_effect` is
+// null for a field it implements (read below, by name); otherwise the field is accepted only
+// when it is null or no_effect(value) holds, the value at which it changes nothing, which
+// `accepted` names for the error. Every other field, OpenAI's or not, is refused: a parameter
+// that was silently ignored would give the client an answer to a question it did not ask.
+// README.md (API) tabulates the same decisions.
+struct FieldRule {
+  std::string_view name;
+  unsigned endpoints;
+  bool (*no_effect)(const json&);
+  const char* accepted;
+};
+
+bool IsString(const json& v) { return v.is_string(); }
+bool IsBool(const json& v) { return v.is_boolean(); }
+bool IsFalse(const json& v) { return v == false; }
+bool IsZero(const json& v) { return v.is_number() && v.get<double>() == 0; }
+bool IsOne(const json& v) { return v.is_number_integer() && v.get<int64_t>() == 1; }
+bool IsEmptyString(const json& v) { return v == ""; }
+bool IsNone(const json& v) { return v == "none"; }
+bool IsDefaultTier(const json& v) { return v == "auto" || v == "default"; }
+bool IsTextOnly(const json& v) { return v == json::array({"text"}); }
+bool IsTextFormat(const json& v) { return v == json{{"type", "text"}}; }
+bool IsZeroBias(const json& v) {
+  if (!v.is_object()) return false;
+  for (const auto& [token, bias] : v.items()) {
+    if (!IsZero(bias)) return false;
+  }
+  return true;
+}
+bool IsStringMap(const json& v) {
+  if (!v.is_object()) return false;
+  for (const auto& [key, value] : v.items()) {
+    if (!value.is_string()) return false;
+  }
+  return true;
+}
+bool Never(const json&) { return false; }
+
+constexpr FieldRule kFieldRules[] = {
+    // Implemented (read by ParseCompletionRequest).
+    {"model", kBoth, nullptr, nullptr},
+    {"prompt", kCompletions, nullptr, nullptr},
+    {"messages", kChat, nullptr, nullptr},
+    {"max_tokens", kBoth, nullptr, nullptr},
+    {"max_completion_tokens", kBoth, nullptr, nullptr},
+    {"temperature", kBoth, nullptr, nullptr},
+    {"top_p", kBoth, nullptr, nullptr},
+    {"seed", kBoth, nullptr, nullptr},
+    {"stop", kBoth, nullptr, nullptr},
+    {"stream", kBoth, nullptr, nullptr},
+    {"stream_options", kBoth, nullptr, nullptr},
+    {"n", kBoth, nullptr, nullptr},
+    {"logprobs", kBoth, Never, "null"},  // TODO(h27-api): implemented in the next commits
+    {"top_logprobs", kChat, Never, "null"},
+    {"echo", kCompletions, IsFalse, "false"},
+    {"ignore_eos", kBoth, nullptr, nullptr},  // vLLM's extension
+    // No effect on the output at these values.
+    {"user", kBoth, IsString, "a string (it is not used)"},
+    {"safety_identifier", kChat, IsString, "a string (it is not used)"},
+    {"prompt_cache_key", kChat, IsString, "a string (the prefix cache is per tenant)"},
+    {"metadata", kChat, IsStringMap, "an object of strings (nothing is stored)"},
+    {"store", kChat, IsFalse, "false (nothing is stored)"},
+    {"best_of", kCompletions, IsOne, "1"},
+    {"frequency_penalty", kBoth, IsZero, "0"},
+    {"presence_penalty", kBoth, IsZero, "0"},
+    {"logit_bias", kBoth, IsZeroBias, "{} (or biases of 0)"},
+    {"suffix", kCompletions, IsEmptyString, "\"\""},
+    {"service_tier", kChat, IsDefaultTier, "\"auto\" or \"default\""},
+    {"modalities", kChat, IsTextOnly, "[\"text\"]"},
+    {"response_format", kChat, IsTextFormat, "{\"type\": \"text\"}"},
+    {"tool_choice", kChat, IsNone, "\"none\" (tools are not supported)"},
+    {"function_call", kChat, IsNone, "\"none\" (functions are not supported)"},
+    {"parallel_tool_calls", kChat, IsBool, "a boolean (tools are not supported)"},
+    // Never: these change the output and are not implemented.
+    {"tools", kChat, Never, "null"},
+    {"functions", kChat, Never, "null"},
+    {"audio", kChat, Never, "null"},
+    {"prediction", kChat, Never, "null"},
+    {"reasoning_effort", kChat, Never, "null"},
+    {"verbosity", kChat, Never, "null"},
+    {"web_search_options", kChat, Never, "null"},
+};
+
+// CheckFields refuses every field of `doc` that kFieldRules does not accept for the endpoint.
+std::optional<ApiError> CheckFields(const json& doc, bool chat) {
+  const unsigned endpoint = chat ? kChat : kCompletions;
+  for (const auto& [name, value] : doc.items()) {
+    const FieldRule* rule = nullptr;
+    for (const FieldRule& r : kFieldRules) {
+      if (r.name == name && (r.endpoints & endpoint) != 0) rule = &r;
+    }
+    if (rule == nullptr) {
+      return Unsupported(name, chat ? " on /v1/chat/completions" : " on /v1/completions");
+    }
+    if (rule->no_effect == nullptr || value.is_null() || rule->no_effect(value)) continue;
+    if (rule->no_effect == Never) return Unsupported(name, "");
+    return UnsupportedValue(name, rule->accepted);
+  }
+  return std::nullopt;
+}
+
+// ReadLogprobs reads echo (completions), logprobs and top_logprobs into *r.
+std::optional<ApiError> ReadLogprobs(const json& doc, bool chat, CompletionRequest* r) {
+  if (auto it = doc.find("echo"); it != doc.end() && !it->is_null()) {
+    if (!it->is_boolean()) return WrongType("echo", "a boolean");
+    r->echo = it->get<bool>();
+  }
+  auto it = doc.find("logprobs");
+  const bool given = it != doc.end() && !it->is_null();
+  if (!chat) {  // logprobs: N, the alternatives per token (OpenAI allows 0..5)
+    if (!given) return std::nullopt;
+    if (!it->is_number_integer()) return WrongType("logprobs", "an integer");
+    const int64_t n = it->get<int64_t>();
+    if (n < 0 || n > kMaxCompletionLogprobs) {
+      return Invalid("logprobs",
+                     absl::StrCat("'logprobs' must be in [0, ", kMaxCompletionLogprobs, "]"));
+    }
+    r->logprobs = static_cast<int>(n);
+    return std::nullopt;
+  }
+  // Chat: logprobs: true, and top_logprobs: N alternatives (0..20).
+  if (given && !it->is_boolean()) return WrongType("logprobs", "a boolean");
+  const bool on = given && it->get<bool>();
+  auto top = doc.find("top_logprobs");
+  int n = 0;
+  if (top != doc.end() && !top->is_null()) {
+    if (!top->is_number_integer()) return WrongType("top_logprobs", "an integer");
+    const int64_t v = top->get<int64_t>();
+    if (v < 0 || v > kMaxTopLogprobs) {
+      return Invalid("top_logprobs",
+                     absl::StrCat("'top_logprobs' must be in [0, ", kMaxTopLogprobs, "]"));
+    }
+    if (!on) return Invalid("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    n = static_cast<int>(v);
+  }
+  r->logprobs = on ? n : -1;
+  return std::nullopt;
+}
+
 }  // namespace
 
 json ErrorJson(const ApiError& e) {
@@ -144,6 +303,7 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, bool chat,
   const json doc = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) return Invalid("", "the request body is not valid JSON");
   if (!doc.is_object()) return Invalid("", "the request body must be a JSON object");
+  if (auto e = CheckFields(doc, chat)) return e;
   CompletionRequest r;
   r.chat = chat;
 
@@ -171,6 +331,12 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, bool chat,
       const json& m = (*messages)[i];
       const std::string p = absl::StrCat("messages[", i, "]");
       if (!m.is_object()) return WrongType(p, "an object");
+      for (const auto& [key, value] : m.items()) {
+        // name, tool_calls, function_call, audio, ...: each would change the prompt.
+        if (key != "role" && key != "content" && !value.is_null()) {
+          return Unsupported(absl::StrCat(p, ".", key), " in messages");
+        }
+      }
       auto role = m.find("role");
       if (role == m.end() || !role->is_string()) return WrongType(p + ".role", "a string");
       const std::string& rs = role->get_ref<const std::string&>();
@@ -204,15 +370,22 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, bool chat,
     return e;
   }
 
+  if (auto e = ReadLogprobs(doc, chat, &r)) return e;
+  // echo with max_tokens 0 scores a text without generating (lm-evaluation-harness's
+  // loglikelihood requests); without echo there would be nothing to return.
+  const int64_t min_tokens = r.echo ? 0 : 1;
   r.max_tokens = std::min(limits.default_max_tokens, limits.max_tokens);
   for (const char* name : {"max_tokens", "max_completion_tokens"}) {
     auto it = doc.find(name);
     if (it == doc.end() || it->is_null()) continue;
     if (!it->is_number_integer()) return WrongType(name, "an integer");
     const int64_t v = it->get<int64_t>();
-    if (v < 1 || v > limits.max_tokens) {
-      return Invalid(name, absl::StrCat("'", name, "' must be in [1, ", limits.max_tokens,
-                                        "] (this tenant's tokens_per_request), got ", v));
+    if (v < min_tokens || v > limits.max_tokens) {
+      return Invalid(name,
+                     absl::StrCat("'", name, "' must be in [", min_tokens, ", ", limits.max_tokens,
+                                  "] (this tenant's tokens_per_request; 0 only with echo), "
+                                  "got ",
+                                  v));
     }
     r.max_tokens = static_cast<int>(v);
   }
@@ -253,9 +426,18 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, bool chat,
   }
   if (auto it = doc.find("stream_options"); it != doc.end() && !it->is_null()) {
     if (!it->is_object()) return WrongType("stream_options", "an object");
-    if (auto u = it->find("include_usage"); u != it->end()) {
-      if (!u->is_boolean()) return WrongType("stream_options.include_usage", "a boolean");
-      r.include_usage = u->get<bool>();
+    for (const auto& [key, value] : it->items()) {
+      const std::string param = "stream_options." + key;
+      if (value.is_null()) continue;
+      if (key == "include_usage") {
+        if (!value.is_boolean()) return WrongType(param, "a boolean");
+        r.include_usage = value.get<bool>();
+      } else if (key == "include_obfuscation") {
+        // The obfuscation field pads chunks to hide their lengths; none is sent.
+        if (value != false) return UnsupportedValue(param, "false");
+      } else {
+        return Unsupported(param, "");
+      }
     }
   }
   *out = std::move(r);

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/text/logprobs.h"
 #include "nlohmann/json.hpp"
 
 namespace kvguard::core {
@@ -45,7 +46,14 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with usage
   bool ignore_eos = false;     // vLLM's extension: generate max_tokens even past EOS
+  // logprobs >= 0: report each token's logprob and its `logprobs` most likely alternatives
+  // (completions' `logprobs: N`; chat's `logprobs: true` with `top_logprobs: N`); -1: none.
+  int logprobs = -1;
+  bool echo = false;  // completions: the prompt comes back before the completion
 };
+
+// The most alternatives completions' `logprobs` may ask for (chat's top_logprobs: 20).
+inline constexpr int kMaxCompletionLogprobs = 5;
 
 // RequestLimits are the bounds a request is validated against.
 struct RequestLimits {
@@ -58,10 +66,14 @@ struct RequestLimits {
 // ParseCompletionRequest validates `body` (JSON) for /v1/chat/completions when `chat`, else
 // /v1/completions, into *out. Returns nullopt on success, else the error naming the field:
 // malformed JSON or invalid UTF-8, a field of the wrong type, a missing prompt/messages/model,
-// max_tokens <= 0 or above limits.max_tokens, temperature outside [0, 2], top_p outside (0, 1],
-// more than 4 stop sequences, n != 1, an unknown model (404 model_not_found). Unknown fields
-// are ignored, as OpenAI's clients send optional fields this server does not implement.
-// Accepts vLLM's `ignore_eos` extension (generate max_tokens whatever the model emits).
+// max_tokens < 1 (< 0 with echo) or above limits.max_tokens, temperature outside [0, 2],
+// top_p outside (0, 1], more than 4 stop sequences, n != 1, logprobs outside [0, 5]
+// (completions), top_logprobs outside [0, 20] or without logprobs (chat), an unknown model
+// (404 model_not_found). Fails closed: a field this server does not implement is refused
+// (code "unsupported_parameter", or "unsupported_value" for one accepted only at the value
+// that changes nothing, such as presence_penalty 0), never ignored; README.md (API) lists
+// every field. Accepts vLLM's `ignore_eos` extension (generate max_tokens whatever the model
+// emits).
 std::optional<ApiError> ParseCompletionRequest(std::string_view body, bool chat,
                                                const RequestLimits& limits, CompletionRequest* out);
 

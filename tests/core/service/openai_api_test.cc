@@ -118,6 +118,7 @@ TEST(OpenAiApiTest, AcceptsValidRequests) {
                 R"({"model": "small", "prompt": "h\u00e9", "max_tokens": 100, "temperature": 0,
                     "top_p": 0.5, "seed": 7, "stop": ["a", "b", "c", "d"], "stream": true,
                     "stream_options": {"include_usage": true}, "user": "ignored", "n": 1,
+                    "best_of": 1, "presence_penalty": 0, "frequency_penalty": 0,
                     "ignore_eos": true})",
                 false, Limits(), &r),
             std::nullopt);
@@ -148,6 +149,118 @@ TEST(OpenAiApiTest, AcceptsValidRequests) {
   EXPECT_TRUE(r.chat);
   EXPECT_EQ(r.max_tokens, 1);
   EXPECT_EQ(r.prompt, "system: Be brief.\nuser: Hi!\nassistant: ");
+}
+
+// A parameter the server does not implement, and its twin at the value that changes nothing
+// (or the same request without it): the first is refused with its name, the second accepted.
+struct UnsupportedCase {
+  bool chat;
+  std::string field;     // `"name": value` added to a valid request
+  std::string param;     // the error's param
+  std::string code;      // the error's code
+  std::string accepted;  // the twin: `"name": value` the server accepts ("" = leave it out)
+};
+
+std::string WithField(bool chat, const std::string& field) {
+  const std::string base =
+      chat ? R"({"model": "small", "messages": [{"role": "user", "content": "hi"}])"
+           : R"({"model": "small", "prompt": "hi")";
+  return field.empty() ? base + "}" : base + ", " + field + "}";
+}
+
+const UnsupportedCase kUnsupported[] = {
+    {false, R"("logprobs": 2)", "logprobs", "unsupported_parameter", R"("logprobs": null)"},
+    {true, R"("logprobs": true)", "logprobs", "unsupported_parameter", R"("logprobs": null)"},
+    {true, R"("top_logprobs": 2)", "top_logprobs", "unsupported_parameter", ""},
+    {false, R"("echo": true)", "echo", "unsupported_value", R"("echo": false)"},
+    {false, R"("best_of": 3)", "best_of", "unsupported_value", R"("best_of": 1)"},
+    {false, R"("frequency_penalty": 0.5)", "frequency_penalty", "unsupported_value",
+     R"("frequency_penalty": 0)"},
+    {true, R"("presence_penalty": -1)", "presence_penalty", "unsupported_value",
+     R"("presence_penalty": 0.0)"},
+    {false, R"("logit_bias": {"50256": -100})", "logit_bias", "unsupported_value",
+     R"("logit_bias": {"50256": 0})"},
+    {true, R"("logit_bias": {"1": 5})", "logit_bias", "unsupported_value", R"("logit_bias": {})"},
+    {false, R"("suffix": "end")", "suffix", "unsupported_value", R"("suffix": "")"},
+    {true, R"("response_format": {"type": "json_object"})", "response_format", "unsupported_value",
+     R"("response_format": {"type": "text"})"},
+    {true, R"("tools": [{"type": "function", "function": {"name": "f"}}])", "tools",
+     "unsupported_parameter", R"("tools": null)"},
+    {true, R"("tool_choice": "auto")", "tool_choice", "unsupported_value",
+     R"("tool_choice": "none")"},
+    {true, R"("functions": [{"name": "f"}])", "functions", "unsupported_parameter", ""},
+    {true, R"("function_call": "auto")", "function_call", "unsupported_value",
+     R"("function_call": "none")"},
+    {true, R"("parallel_tool_calls": 1)", "parallel_tool_calls", "unsupported_value",
+     R"("parallel_tool_calls": false)"},
+    {true, R"("store": true)", "store", "unsupported_value", R"("store": false)"},
+    {true, R"("metadata": {"a": 1})", "metadata", "unsupported_value", R"("metadata": {"a": "b"})"},
+    {true, R"("service_tier": "flex")", "service_tier", "unsupported_value",
+     R"("service_tier": "auto")"},
+    {true, R"("modalities": ["text", "audio"])", "modalities", "unsupported_value",
+     R"("modalities": ["text"])"},
+    {true, R"("audio": {"voice": "alloy", "format": "wav"})", "audio", "unsupported_parameter", ""},
+    {true, R"("prediction": {"type": "content", "content": "x"})", "prediction",
+     "unsupported_parameter", ""},
+    {true, R"("reasoning_effort": "low")", "reasoning_effort", "unsupported_parameter", ""},
+    {true, R"("verbosity": "low")", "verbosity", "unsupported_parameter", ""},
+    {true, R"("web_search_options": {})", "web_search_options", "unsupported_parameter", ""},
+    {true, R"("user": 5)", "user", "unsupported_value", R"("user": "u1")"},
+    {true, R"("safety_identifier": 5)", "safety_identifier", "unsupported_value",
+     R"("safety_identifier": "s")"},
+    {true, R"("prompt_cache_key": 5)", "prompt_cache_key", "unsupported_value",
+     R"("prompt_cache_key": "k")"},
+    {false, R"("stream_options": {"include_obfuscation": true})",
+     "stream_options.include_obfuscation", "unsupported_value",
+     R"("stream_options": {"include_obfuscation": false})"},
+    {false, R"("stream_options": {"chunk_size": 4})", "stream_options.chunk_size",
+     "unsupported_parameter", R"("stream_options": {"include_usage": false})"},
+    // Not OpenAI's (vLLM's and others' extensions), or OpenAI's on the other endpoint.
+    {false, R"("top_k": 40)", "top_k", "unsupported_parameter", ""},
+    {true, R"("repetition_penalty": 1.1)", "repetition_penalty", "unsupported_parameter", ""},
+    {false, R"("tenant": "beta")", "tenant", "unsupported_parameter", ""},
+    {false, R"("tools": [])", "tools", "unsupported_parameter", ""},
+    {true, R"("suffix": "")", "suffix", "unsupported_parameter", ""},
+    {true, R"("best_of": 1)", "best_of", "unsupported_parameter", ""},
+};
+
+TEST(OpenAiApiTest, RefusesUnimplementedParameters) {
+  for (const UnsupportedCase& c : kUnsupported) {
+    CompletionRequest out;
+    std::optional<ApiError> e =
+        ParseCompletionRequest(WithField(c.chat, c.field), c.chat, Limits(), &out);
+    ASSERT_TRUE(e.has_value()) << c.field;
+    EXPECT_EQ(e->status, 400) << c.field;
+    EXPECT_EQ(e->param, c.param) << c.field << ": " << e->message;
+    EXPECT_EQ(e->code, c.code) << c.field << ": " << e->message;
+    EXPECT_NE(e->message.find(c.param), std::string::npos) << e->message;
+    EXPECT_EQ(json::parse(ErrorBody(*e))["error"]["param"], c.param) << c.field;
+  }
+}
+
+TEST(OpenAiApiTest, AcceptsParametersAtTheirNoEffectValues) {
+  for (const UnsupportedCase& c : kUnsupported) {
+    CompletionRequest out;
+    std::optional<ApiError> e =
+        ParseCompletionRequest(WithField(c.chat, c.accepted), c.chat, Limits(), &out);
+    EXPECT_EQ(e, std::nullopt) << c.accepted << ": " << (e ? e->message : "");
+  }
+}
+
+TEST(OpenAiApiTest, RefusesUnimplementedMessageFields) {
+  CompletionRequest out;
+  std::optional<ApiError> e = ParseCompletionRequest(
+      R"({"model": "small", "messages": [{"role": "user", "content": "hi", "name": "bob"}]})", true,
+      Limits(), &out);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->param, "messages[0].name");
+  EXPECT_EQ(e->code, "unsupported_parameter");
+  // Null (as some clients send for absent fields) changes nothing.
+  EXPECT_EQ(ParseCompletionRequest(
+                R"({"model": "small", "messages": [{"role": "assistant", "content": "hi",
+                    "tool_calls": null, "refusal": null}]})",
+                true, Limits(), &out),
+            std::nullopt);
 }
 
 TEST(OpenAiApiTest, BearerToken) {
