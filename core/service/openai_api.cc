@@ -25,37 +25,6 @@ ApiError WrongType(const std::string& param, const char* want) {
   return e;
 }
 
-// IsValidUtf8 checks well-formed UTF-8 (no overlongs, surrogates or code points > U+10FFFF).
-bool IsValidUtf8(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    int n = 0;
-    uint32_t min = 0, cp = 0;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if ((c & 0xE0) == 0xC0) {
-      n = 1, min = 0x80, cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      n = 2, min = 0x800, cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      n = 3, min = 0x10000, cp = c & 0x07;
-    } else {
-      return false;
-    }
-    for (int k = 1; k <= n; ++k) {
-      if (i + static_cast<size_t>(k) >= s.size()) return false;
-      const auto cc = static_cast<unsigned char>(s[i + k]);
-      if ((cc & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    i += static_cast<size_t>(n) + 1;
-  }
-  return true;
-}
-
 // ReadNumber reads an optional number field into *out; an error if present and not a number
 // in [lo, hi].
 std::optional<ApiError> ReadNumber(const json& doc, const char* name, double lo, double hi,
@@ -168,9 +137,9 @@ constexpr FieldRule kFieldRules[] = {
     {"stream", kBoth, nullptr, nullptr},
     {"stream_options", kBoth, nullptr, nullptr},
     {"n", kBoth, nullptr, nullptr},
-    {"logprobs", kBoth, Never, "null"},  // TODO(h27-api): implemented in the next commits
-    {"top_logprobs", kChat, Never, "null"},
-    {"echo", kCompletions, IsFalse, "false"},
+    {"logprobs", kBoth, nullptr, nullptr},
+    {"top_logprobs", kChat, nullptr, nullptr},
+    {"echo", kCompletions, nullptr, nullptr},
     {"ignore_eos", kBoth, nullptr, nullptr},  // vLLM's extension
     // No effect on the output at these values.
     {"user", kBoth, IsString, "a string (it is not used)"},
@@ -461,9 +430,90 @@ json UsageJson(const Usage& usage) {
 
 }  // namespace
 
+namespace {
+
+// TokenText is how a token is named in `logprobs`: its text, or "bytes:\xNN..." when its bytes
+// are not valid UTF-8 on their own.
+std::string TokenText(const std::string& bytes) {
+  if (IsValidUtf8(bytes)) return bytes;
+  std::string out = "bytes:";
+  for (const char c : bytes) {
+    absl::StrAppend(&out, "\\x", absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2));
+  }
+  return out;
+}
+
+// CodePoints counts the characters `bytes` starts (its bytes that are not continuation bytes).
+int64_t CodePoints(const std::string& bytes) {
+  int64_t n = 0;
+  for (const char c : bytes) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80 ? 1 : 0;
+  return n;
+}
+
+// Logprob is a logprob as JSON can carry it: -inf (probability 0) becomes OpenAI's -9999.
+json Logprob(float logprob) { return std::isfinite(logprob) ? logprob : -9999.0f; }
+
+json BytesJson(const std::string& bytes) {
+  json out = json::array();
+  for (const char c : bytes) out.push_back(static_cast<unsigned char>(c));
+  return out;
+}
+
+}  // namespace
+
+json LogprobsJson(const CompletionRequest& request, const Tokenizer& tokenizer,
+                  std::span<const int> echoed, std::span<const TokenLogprobs> echoed_logprobs,
+                  std::span<const TokenLogprobs> generated, int64_t* offset) {
+  if (request.chat) {
+    json content = json::array();
+    for (const TokenLogprobs& e : generated) {
+      const std::string bytes = tokenizer.DecodeToken(e.token);
+      json top = json::array();
+      for (const TopLogprob& t : e.top) {
+        const std::string b = tokenizer.DecodeToken(t.token);
+        top.push_back(
+            {{"token", TokenText(b)}, {"logprob", Logprob(t.logprob)}, {"bytes", BytesJson(b)}});
+      }
+      content.push_back({{"token", TokenText(bytes)},
+                         {"logprob", Logprob(e.logprob)},
+                         {"bytes", BytesJson(bytes)},
+                         {"top_logprobs", top}});
+    }
+    return json{{"content", content}, {"refusal", nullptr}};
+  }
+  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
+       text_offset = json::array();
+  auto add = [&](int token, const TokenLogprobs* e) {
+    const std::string bytes = tokenizer.DecodeToken(token);
+    tokens.push_back(TokenText(bytes));
+    text_offset.push_back(*offset);
+    *offset += CodePoints(bytes);
+    if (e == nullptr) {  // the first echoed token: nothing predicts it
+      token_logprobs.push_back(nullptr);
+      top_logprobs.push_back(nullptr);
+      return;
+    }
+    token_logprobs.push_back(Logprob(e->logprob));
+    json top = json::object();
+    for (const TopLogprob& t : e->top) {
+      top.emplace(TokenText(tokenizer.DecodeToken(t.token)), Logprob(t.logprob));
+    }
+    top_logprobs.push_back(top);
+  };
+  for (size_t i = 0; i < echoed.size(); ++i) {
+    add(echoed[i], i == 0 || i > echoed_logprobs.size() ? nullptr : &echoed_logprobs[i - 1]);
+  }
+  for (const TokenLogprobs& e : generated) add(e.token, &e);
+  return json{{"tokens", tokens},
+              {"token_logprobs", token_logprobs},
+              {"top_logprobs", top_logprobs},
+              {"text_offset", text_offset}};
+}
+
 json CompletionBody(const CompletionRequest& request, std::string_view id, int64_t created,
-                    std::string_view text, std::string_view finish_reason, const Usage& usage) {
-  json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", nullptr}};
+                    std::string_view text, std::string_view finish_reason, const Usage& usage,
+                    const json& logprobs) {
+  json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", logprobs}};
   if (request.chat) {
     choice["message"] = {{"role", "assistant"}, {"content", text}};
   } else {
@@ -476,10 +526,11 @@ json CompletionBody(const CompletionRequest& request, std::string_view id, int64
 }
 
 json ChunkBody(const CompletionRequest& request, std::string_view id, int64_t created,
-               std::string_view text, std::optional<std::string_view> finish_reason, bool first) {
+               std::string_view text, std::optional<std::string_view> finish_reason, bool first,
+               const json& logprobs) {
   json choice = {{"index", 0},
                  {"finish_reason", finish_reason ? json(*finish_reason) : json(nullptr)},
-                 {"logprobs", nullptr}};
+                 {"logprobs", logprobs}};
   if (request.chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";

@@ -8,11 +8,13 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "core/text/logprobs.h"
+#include "core/text/tokenizer.h"
 #include "nlohmann/json.hpp"
 
 namespace kvguard::core {
@@ -90,15 +92,34 @@ struct Usage {
   int completion_tokens = 0;
 };
 
-// CompletionBody returns the non-streaming response ("text_completion" or "chat.completion").
+// LogprobsJson returns a choice's `logprobs` for `request` (request.logprobs >= 0), over the
+// echoed prompt's tokens (`echoed`, empty without echo; their entries are `echoed_logprobs`,
+// for tokens 1.., since nothing predicts the first) and then the `generated` entries:
+//  completions: {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}
+//    (the first echoed token's logprob and top_logprobs are null);
+//  chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [{token, logprob, bytes}]}],
+//    "refusal": null}.
+// A token is its text, or "bytes:\xNN..." when its bytes are not valid UTF-8 on their own (a
+// piece of a character). A logprob of -inf (probability 0) is written as -9999.0, as OpenAI
+// does. `*offset` is where the first token's text starts in the choice's text, in code points
+// (text_offset), and is advanced past the last token: a stream carries it from chunk to chunk.
+nlohmann::json LogprobsJson(const CompletionRequest& request, const Tokenizer& tokenizer,
+                            std::span<const int> echoed,
+                            std::span<const TokenLogprobs> echoed_logprobs,
+                            std::span<const TokenLogprobs> generated, int64_t* offset);
+
+// CompletionBody returns the non-streaming response ("text_completion" or "chat.completion");
+// `logprobs` is the choice's (LogprobsJson, or null).
 nlohmann::json CompletionBody(const CompletionRequest& request, std::string_view id,
                               int64_t created, std::string_view text,
-                              std::string_view finish_reason, const Usage& usage);
+                              std::string_view finish_reason, const Usage& usage,
+                              const nlohmann::json& logprobs = nullptr);
 // ChunkBody returns one stream chunk carrying `text` (chat: the first chunk also carries
-// role "assistant") and, on the last, `finish_reason` (null before).
+// role "assistant") and, on the last, `finish_reason` (null before); `logprobs` is the
+// choice's for the chunk's tokens (LogprobsJson, or null).
 nlohmann::json ChunkBody(const CompletionRequest& request, std::string_view id, int64_t created,
                          std::string_view text, std::optional<std::string_view> finish_reason,
-                         bool first);
+                         bool first, const nlohmann::json& logprobs = nullptr);
 // UsageChunkBody returns the final chunk with no choices and `usage` (include_usage).
 nlohmann::json UsageChunkBody(const CompletionRequest& request, std::string_view id,
                               int64_t created, const Usage& usage);

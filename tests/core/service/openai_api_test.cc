@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <string>
+#include <vector>
 
 namespace kvguard::core {
 namespace {
@@ -82,6 +84,30 @@ TEST(OpenAiApiTest, RefusesBadRequests) {
        "ignore_eos", "invalid_type"},
       {"stream type", false, R"({"model": "small", "prompt": "hi", "stream": "yes"})", 400,
        "stream", "invalid_type"},
+      {"logprobs 6", false, R"({"model": "small", "prompt": "hi", "logprobs": 6})", 400, "logprobs",
+       "invalid_value"},
+      {"logprobs negative", false, R"({"model": "small", "prompt": "hi", "logprobs": -1})", 400,
+       "logprobs", "invalid_value"},
+      {"logprobs bool", false, R"({"model": "small", "prompt": "hi", "logprobs": true})", 400,
+       "logprobs", "invalid_type"},
+      {"echo type", false, R"({"model": "small", "prompt": "hi", "echo": 1})", 400, "echo",
+       "invalid_type"},
+      {"max_tokens 0 without echo", false,
+       R"({"model": "small", "prompt": "hi", "max_tokens": 0, "logprobs": 1})", 400, "max_tokens",
+       "invalid_value"},
+      {"echo on chat", true,
+       R"({"model": "small", "messages": [{"role": "user", "content": "x"}], "echo": true})", 400,
+       "echo", "unsupported_parameter"},
+      {"chat logprobs int", true,
+       R"({"model": "small", "messages": [{"role": "user", "content": "x"}], "logprobs": 2})", 400,
+       "logprobs", "invalid_type"},
+      {"top_logprobs without logprobs", true,
+       R"({"model": "small", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})",
+       400, "top_logprobs", "invalid_value"},
+      {"top_logprobs 21", true,
+       R"({"model": "small", "messages": [{"role": "user", "content": "x"}], "logprobs": true,
+           "top_logprobs": 21})",
+       400, "top_logprobs", "invalid_value"},
       {"no messages", true, R"({"model": "small"})", 400, "messages", "invalid_value"},
       {"empty messages", true, R"({"model": "small", "messages": []})", 400, "messages",
        "invalid_type"},
@@ -169,10 +195,6 @@ std::string WithField(bool chat, const std::string& field) {
 }
 
 const UnsupportedCase kUnsupported[] = {
-    {false, R"("logprobs": 2)", "logprobs", "unsupported_parameter", R"("logprobs": null)"},
-    {true, R"("logprobs": true)", "logprobs", "unsupported_parameter", R"("logprobs": null)"},
-    {true, R"("top_logprobs": 2)", "top_logprobs", "unsupported_parameter", ""},
-    {false, R"("echo": true)", "echo", "unsupported_value", R"("echo": false)"},
     {false, R"("best_of": 3)", "best_of", "unsupported_value", R"("best_of": 1)"},
     {false, R"("frequency_penalty": 0.5)", "frequency_penalty", "unsupported_value",
      R"("frequency_penalty": 0)"},
@@ -261,6 +283,85 @@ TEST(OpenAiApiTest, RefusesUnimplementedMessageFields) {
                     "tool_calls": null, "refusal": null}]})",
                 true, Limits(), &out),
             std::nullopt);
+}
+
+TEST(OpenAiApiTest, ReadsLogprobsAndEcho) {
+  CompletionRequest r;
+  ASSERT_EQ(ParseCompletionRequest(R"({"model": "small", "prompt": "hi"})", false, Limits(), &r),
+            std::nullopt);
+  EXPECT_EQ(r.logprobs, -1);
+  EXPECT_FALSE(r.echo);
+  // lm-evaluation-harness's loglikelihood request.
+  ASSERT_EQ(
+      ParseCompletionRequest(
+          R"({"model": "small", "prompt": "hi", "echo": true, "logprobs": 1, "max_tokens": 0})",
+          false, Limits(), &r),
+      std::nullopt);
+  EXPECT_EQ(r.logprobs, 1);
+  EXPECT_TRUE(r.echo);
+  EXPECT_EQ(r.max_tokens, 0);
+  ASSERT_EQ(ParseCompletionRequest(R"({"model": "small", "prompt": "hi", "logprobs": 0})", false,
+                                   Limits(), &r),
+            std::nullopt);
+  EXPECT_EQ(r.logprobs, 0);
+  const std::string chat = R"({"model": "small", "messages": [{"role": "user", "content": "x"}])";
+  ASSERT_EQ(ParseCompletionRequest(chat + R"(, "logprobs": true, "top_logprobs": 20})", true,
+                                   Limits(), &r),
+            std::nullopt);
+  EXPECT_EQ(r.logprobs, 20);
+  ASSERT_EQ(ParseCompletionRequest(chat + R"(, "logprobs": true})", true, Limits(), &r),
+            std::nullopt);
+  EXPECT_EQ(r.logprobs, 0);
+  ASSERT_EQ(ParseCompletionRequest(chat + R"(, "logprobs": false, "top_logprobs": null})", true,
+                                   Limits(), &r),
+            std::nullopt);
+  EXPECT_EQ(r.logprobs, -1);
+}
+
+TEST(OpenAiApiTest, LogprobsShapes) {
+  auto tokenizer = *ByteTokenizer::Create(300);
+  const int bos = tokenizer->bos_id();
+  // "é" is two byte tokens, neither valid UTF-8 alone.
+  const std::vector<int> echoed = {bos, 'h', 0xC3, 0xA9};
+  const std::vector<TokenLogprobs> echoed_logprobs = {{'h', -1.5f, {{'a', -0.5f}}},
+                                                      {0xC3, -2.0f, {{0xC3, -2.0f}}},
+                                                      {0xA9, -0.25f, {{0xA9, -0.25f}}}};
+  const std::vector<TokenLogprobs> generated = {
+      {'!', -std::numeric_limits<float>::infinity(), {{'?', -0.1f}}}};
+  CompletionRequest r;
+  r.logprobs = 1;
+  int64_t offset = 0;
+  json lp = LogprobsJson(r, *tokenizer, echoed, echoed_logprobs, generated, &offset);
+  EXPECT_EQ(lp["tokens"], json::array({"", "h", "bytes:\\xc3", "bytes:\\xa9", "!"}));
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  EXPECT_EQ(lp["token_logprobs"][1], -1.5f);
+  EXPECT_EQ(lp["top_logprobs"][1], (json{{"a", -0.5f}}));
+  EXPECT_EQ(lp["token_logprobs"][4], -9999.0f);  // -inf
+  // Offsets in code points of "hé!": the second byte of é starts nothing.
+  EXPECT_EQ(lp["text_offset"], json::array({0, 0, 1, 2, 2}));
+  EXPECT_EQ(offset, 3);
+  // Without echo: the generated tokens alone, from the offset carried over.
+  lp = LogprobsJson(r, *tokenizer, {}, {}, generated, &offset);
+  EXPECT_EQ(lp["text_offset"], json::array({3}));
+  EXPECT_EQ(lp["tokens"], json::array({"!"}));
+
+  r.chat = true;
+  lp = LogprobsJson(r, *tokenizer, {}, {}, echoed_logprobs, &offset);
+  ASSERT_EQ(lp["content"].size(), 3u);
+  EXPECT_TRUE(lp["refusal"].is_null());
+  EXPECT_EQ(lp["content"][0]["token"], "h");
+  EXPECT_EQ(lp["content"][0]["logprob"], -1.5f);
+  EXPECT_EQ(lp["content"][0]["bytes"], json::array({'h'}));
+  EXPECT_EQ(lp["content"][0]["top_logprobs"],
+            json::array({{{"token", "a"}, {"logprob", -0.5f}, {"bytes", json::array({'a'})}}}));
+  EXPECT_EQ(lp["content"][1]["bytes"], json::array({0xC3}));
+  // The body carries it; without logprobs the field is null.
+  json body = CompletionBody(r, "c", 5, "x", "stop", Usage{1, 1}, lp);
+  EXPECT_EQ(body["choices"][0]["logprobs"], lp);
+  EXPECT_TRUE(
+      CompletionBody(r, "c", 5, "x", "stop", Usage{1, 1})["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(ChunkBody(r, "c", 5, "x", std::nullopt, false, lp)["choices"][0]["logprobs"], lp);
 }
 
 TEST(OpenAiApiTest, BearerToken) {
