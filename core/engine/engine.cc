@@ -482,6 +482,9 @@ void Engine::StepLoop() {
   std::vector<std::vector<TokenLogprobs>> prompt_logprobs;
   std::vector<float> token_rows;
   std::vector<size_t> token_rows_at;
+  // The prompt rows to report, (chunk j, row t), spread over the kernel pool: a long prompt's
+  // rows do not hold up the step's other requests for longer than their share.
+  std::vector<std::pair<size_t, int>> prompt_rows;
   std::vector<size_t> in_step;  // chunk j of the forward pass is batch entry in_step[j]
   std::vector<Model::Chunk> run;
   // The plan's requests, resolved before carrying it out changes in_flight_ and waiting_.
@@ -639,8 +642,22 @@ void Engine::StepLoop() {
       }
     }
     token_rows.resize(token_row_count * V);
+    prompt_logprobs.resize(run.size());
+    prompt_rows.clear();
     for (size_t j = 0; j < run.size(); ++j) {
-      if (token_rows_at[j] != kNone) run[j].token_logits = &token_rows[token_rows_at[j] * V];
+      prompt_logprobs[j].clear();
+      if (token_rows_at[j] == kNone) continue;
+      run[j].token_logits = &token_rows[token_rows_at[j] * V];
+      // Row t (position pos + t) predicts token pos + t + 1: report the prompt tokens after
+      // those already reported.
+      const Request* r = batch[in_step[j]];
+      const int reported = static_cast<int>(r->result.prompt_logprobs.size());
+      const size_t before = prompt_rows.size();
+      for (int t = std::max(reported - run[j].pos, 0);
+           t < static_cast<int>(run[j].tokens.size()) && run[j].pos + t + 1 < r->prompt_len; ++t) {
+        prompt_rows.emplace_back(j, t);
+      }
+      prompt_logprobs[j].resize(prompt_rows.size() - before);
     }
     const absl::Status status = model_->Forward(run, *pool_, logits.data(), &kernel_pool_);
     // Sample each row that asked for logits, before taking the lock and over the kernel pool:
@@ -650,8 +667,22 @@ void Engine::StepLoop() {
     // Logprobs, where asked for, likewise: of the raw logits (core/text/logprobs.h).
     sampled.assign(run.size(), -1);
     sampled_logprobs.resize(run.size());
-    prompt_logprobs.resize(run.size());
-    for (std::vector<TokenLogprobs>& p : prompt_logprobs) p.clear();
+    if (status.ok() && !prompt_rows.empty()) {
+      kernel_pool_.ParallelFor(
+          static_cast<int64_t>(prompt_rows.size()), 1, [&](int64_t b, int64_t e) {
+            for (int64_t k = b; k < e; ++k) {
+              const auto [j, t] = prompt_rows[size_t(k)];
+              if (tag_faults[j] >= 0) continue;
+              const Request* r = batch[in_step[j]];
+              const int first =
+                  std::max(static_cast<int>(r->result.prompt_logprobs.size()) - run[j].pos, 0);
+              const float* row = &token_rows[(token_rows_at[j] + size_t(t)) * V];
+              prompt_logprobs[j][size_t(t - first)] =
+                  LogprobsOf(std::span(row, V), r->tokens[size_t(run[j].pos + t) + 1],
+                             std::max(r->req.logprobs, 0));
+            }
+          });
+    }
     if (status.ok()) {
       kernel_pool_.ParallelFor(static_cast<int64_t>(run.size()), 1, [&](int64_t b, int64_t e) {
         for (int64_t jj = b; jj < e; ++jj) {
@@ -659,17 +690,6 @@ void Engine::StepLoop() {
           if (tag_faults[j] >= 0) continue;
           const Request* r = batch[in_step[j]];
           const int top_n = std::max(r->req.logprobs, 0);
-          if (token_rows_at[j] != kNone) {
-            const Model::Chunk& ch = run[j];
-            const int reported = static_cast<int>(r->result.prompt_logprobs.size());
-            for (int t = 0; t < static_cast<int>(ch.tokens.size()); ++t) {
-              const int p = ch.pos + t;  // row p predicts token p + 1
-              if (p < reported || p + 1 >= r->prompt_len) continue;
-              const float* row = &token_rows[(token_rows_at[j] + size_t(t)) * V];
-              prompt_logprobs[j].push_back(
-                  LogprobsOf(std::span(row, V), r->tokens[size_t(p) + 1], top_n));
-            }
-          }
           if (!run[j].logits) continue;
           sampled[j] = batch[in_step[j]]->sampler.Sample(&logits[j * V], c.vocab_size);
           if (r->req.logprobs >= 0) {
