@@ -186,6 +186,27 @@ std::optional<ApiError> CheckFields(const json& doc, bool chat) {
   return std::nullopt;
 }
 
+// ReadTokenIds reads a prompt given as token ids: integers in [0, limits.vocab_size).
+std::optional<ApiError> ReadTokenIds(const json& ids, const RequestLimits& limits,
+                                     std::vector<int>* out) {
+  if (ids.size() > limits.max_prompt_bytes) {
+    ApiError e = Invalid(
+        "prompt", absl::StrCat("the prompt has more than ", limits.max_prompt_bytes, " tokens"));
+    e.code = "context_length_exceeded";
+    return e;
+  }
+  for (const json& id : ids) {
+    if (!id.is_number_integer()) return WrongType("prompt", "an array of integer token ids");
+    const int64_t v = id.get<int64_t>();
+    if (v < 0 || v >= limits.vocab_size) {
+      return Invalid("prompt", absl::StrCat("token id ", v, " is outside the vocabulary [0, ",
+                                            limits.vocab_size, ")"));
+    }
+    out->push_back(static_cast<int>(v));
+  }
+  return std::nullopt;
+}
+
 // ReadLogprobs reads echo (completions), logprobs and top_logprobs into *r.
 std::optional<ApiError> ReadLogprobs(const json& doc, bool chat, CompletionRequest* r) {
   if (auto it = doc.find("echo"); it != doc.end() && !it->is_null()) {
@@ -322,14 +343,24 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, bool chat,
   } else {
     auto prompt = doc.find("prompt");
     if (prompt == doc.end()) return Invalid("prompt", "'prompt' is required");
+    // Token ids: [1, 2, ...], or a batch of one, [[1, 2, ...]] (lm-evaluation-harness sends
+    // its requests tokenized so).
+    const json* ids = nullptr;
+    if (prompt->is_array() && !prompt->empty() && (*prompt)[0].is_number()) ids = &*prompt;
+    if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_array()) ids = &(*prompt)[0];
     if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) {
       r.prompt = (*prompt)[0].get<std::string>();
     } else if (prompt->is_string()) {
       r.prompt = prompt->get<std::string>();
+    } else if (ids != nullptr) {
+      if (auto e = ReadTokenIds(*ids, limits, &r.prompt_tokens)) return e;
     } else {
-      return WrongType("prompt", "a string (or an array of one string)");
+      return WrongType("prompt",
+                       "a string, an array of one string, or an array of token ids (or of one)");
     }
-    if (r.prompt.empty()) return Invalid("prompt", "'prompt' must not be empty");
+    if (r.prompt.empty() && r.prompt_tokens.empty()) {
+      return Invalid("prompt", "'prompt' must not be empty");
+    }
   }
   if (r.prompt.size() > limits.max_prompt_bytes) {
     ApiError e =

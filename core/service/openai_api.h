@@ -40,6 +40,9 @@ struct CompletionRequest {
   bool chat = false;
   std::string model;
   std::string prompt;
+  // Completions: the prompt as token ids, when given so (used as they are: no BOS is added);
+  // `prompt` is then empty until the server decodes them.
+  std::vector<int> prompt_tokens;
   int max_tokens = 0;
   float temperature = 1.0f;  // OpenAI's default; 0 = greedy
   float top_p = 1.0f;
@@ -63,11 +66,13 @@ struct RequestLimits {
   int max_tokens = 2048;        // ceiling for max_tokens (the tenant's tokens_per_request)
   int default_max_tokens = 16;  // when the request gives none (OpenAI's completions default)
   size_t max_prompt_bytes = 1 << 20;
+  int vocab_size = 0;  // token ids in a prompt must be below it
 };
 
 // ParseCompletionRequest validates `body` (JSON) for /v1/chat/completions when `chat`, else
 // /v1/completions, into *out. Returns nullopt on success, else the error naming the field:
 // malformed JSON or invalid UTF-8, a field of the wrong type, a missing prompt/messages/model,
+// a prompt of token ids outside [0, limits.vocab_size),
 // max_tokens < 1 (< 0 with echo) or above limits.max_tokens, temperature outside [0, 2],
 // top_p outside (0, 1], more than 4 stop sequences, n != 1, logprobs outside [0, 5]
 // (completions), top_logprobs outside [0, 20] or without logprobs (chat), an unknown model

@@ -172,3 +172,18 @@ def test_chat_stream_logprobs(server):
     assert [e.token for e in streamed] == [e.token for e in whole.logprobs.content]
     assert [e.logprob for e in streamed] == [e.logprob for e in whole.logprobs.content]
     server.wait_idle()
+
+
+def test_token_id_prompt_scores_like_text(server):
+    """lm-evaluation-harness sends its requests tokenized: [[ids]] (here BOS and the bytes)."""
+    c = server.client("acme")
+    ids = [256] + list(PROMPT.encode())
+    text = c.completions.create(model=MODEL, prompt=PROMPT, max_tokens=0, echo=True, logprobs=1)
+    for prompt in (ids, [ids]):
+        r = c.completions.create(model=MODEL, prompt=prompt, max_tokens=0, echo=True, logprobs=1)
+        assert r.choices[0].text == PROMPT
+        assert r.usage.prompt_tokens == len(ids)
+        assert r.choices[0].logprobs.token_logprobs == text.choices[0].logprobs.token_logprobs
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=MODEL, prompt=[1, 10**6], max_tokens=1)
+    assert e.value.body["param"] == "prompt"

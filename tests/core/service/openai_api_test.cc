@@ -19,6 +19,7 @@ RequestLimits Limits() {
   l.max_tokens = 100;
   l.default_max_tokens = 16;
   l.max_prompt_bytes = 64;
+  l.vocab_size = 300;
   return l;
 }
 
@@ -48,8 +49,17 @@ TEST(OpenAiApiTest, RefusesBadRequests) {
       {"no prompt", false, R"({"model": "small"})", 400, "prompt", "invalid_value"},
       {"prompt not string", false, R"({"model": "small", "prompt": 5})", 400, "prompt",
        "invalid_type"},
-      {"token prompt", false, R"({"model": "small", "prompt": [1, 2]})", 400, "prompt",
+      {"mixed token prompt", false, R"({"model": "small", "prompt": [1, "a"]})", 400, "prompt",
        "invalid_type"},
+      {"float token", false, R"({"model": "small", "prompt": [1, 2.5]})", 400, "prompt",
+       "invalid_type"},
+      {"token outside the vocabulary", false, R"({"model": "small", "prompt": [1, 300]})", 400,
+       "prompt", "invalid_value"},
+      {"negative token", false, R"({"model": "small", "prompt": [[-1]]})", 400, "prompt",
+       "invalid_value"},
+      {"two token prompts", false, R"({"model": "small", "prompt": [[1], [2]]})", 400, "prompt",
+       "invalid_type"},
+      {"no tokens", false, R"({"model": "small", "prompt": [[]]})", 400, "prompt", "invalid_value"},
       {"empty prompt", false, R"({"model": "small", "prompt": ""})", 400, "prompt",
        "invalid_value"},
       {"prompt too long", false, R"({"model": "small", "prompt": ")" + std::string(65, 'x') + "\"}",
@@ -283,6 +293,19 @@ TEST(OpenAiApiTest, RefusesUnimplementedMessageFields) {
                     "tool_calls": null, "refusal": null}]})",
                 true, Limits(), &out),
             std::nullopt);
+}
+
+TEST(OpenAiApiTest, ReadsTokenIdPrompts) {
+  CompletionRequest r;
+  ASSERT_EQ(ParseCompletionRequest(R"({"model": "small", "prompt": [256, 104, 299]})", false,
+                                   Limits(), &r),
+            std::nullopt);
+  EXPECT_EQ(r.prompt_tokens, (std::vector<int>{256, 104, 299}));
+  EXPECT_TRUE(r.prompt.empty());
+  ASSERT_EQ(
+      ParseCompletionRequest(R"({"model": "small", "prompt": [[0, 7]]})", false, Limits(), &r),
+      std::nullopt);
+  EXPECT_EQ(r.prompt_tokens, (std::vector<int>{0, 7}));
 }
 
 TEST(OpenAiApiTest, ReadsLogprobsAndEcho) {
