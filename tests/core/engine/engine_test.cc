@@ -148,6 +148,43 @@ TEST(EngineTest, PreemptionAndRecomputeGiveTheSameTokens) {
   EXPECT_EQ(engine->stats().free_pages, engine->stats().total_pages);
 }
 
+// The same workload with logprobs and prompt logprobs: a preempted request's recomputed prefill
+// reports nothing twice, and every entry is what it is when the request runs alone.
+TEST(EngineTest, PreemptedRequestsReportEachLogprobOnce) {
+  auto with_logprobs = [](const std::string& prompt) {
+    GenerationRequest g = Greedy(prompt, 60);
+    g.logprobs = 2;
+    g.prompt_logprobs = true;
+    return g;
+  };
+  std::vector<GenerationResult> alone;
+  for (const auto& p : kPrompts) {
+    auto engine = MakeEngine(64);
+    alone.push_back(*engine->Wait(*engine->Submit(with_logprobs(p))));
+  }
+  auto engine = MakeEngine(10, 64, Paused(GreedyAdmission()));
+  std::vector<RequestId> ids;
+  for (const auto& p : kPrompts) ids.push_back(*engine->Submit(with_logprobs(p)));
+  LetRun(*engine);
+  int preempted = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const GenerationResult r = *engine->Wait(ids[i]);
+    preempted += r.preemptions;
+    EXPECT_EQ(r.tokens, alone[i].tokens) << kPrompts[i];
+    ASSERT_EQ(r.logprobs.size(), r.tokens.size()) << kPrompts[i];
+    ASSERT_EQ(r.prompt_logprobs.size(), alone[i].prompt_logprobs.size()) << kPrompts[i];
+    for (size_t k = 0; k < r.logprobs.size(); ++k) {
+      EXPECT_EQ(r.logprobs[k].token, alone[i].logprobs[k].token);
+      EXPECT_NEAR(r.logprobs[k].logprob, alone[i].logprobs[k].logprob, 1e-5);
+    }
+    for (size_t k = 0; k < r.prompt_logprobs.size(); ++k) {
+      EXPECT_EQ(r.prompt_logprobs[k].token, alone[i].prompt_logprobs[k].token);
+      EXPECT_NEAR(r.prompt_logprobs[k].logprob, alone[i].prompt_logprobs[k].logprob, 1e-5);
+    }
+  }
+  EXPECT_GT(preempted, 0) << "the pool never ran dry: the test did not exercise preemption";
+}
+
 // The same workload under admission with full growth reservation (ratio 1): a request is
 // admitted only when the pool holds everything every admitted request may still grow into, so
 // nothing is ever preempted, and the tokens are the same. In a pool of kPages, reservation
