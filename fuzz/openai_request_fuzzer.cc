@@ -26,6 +26,7 @@ void CheckOne(std::string_view body, bool chat) {
   limits.model = "small";
   limits.max_tokens = 64;
   limits.max_prompt_bytes = 256;
+  limits.vocab_size = 300;
   CompletionRequest r;
   std::optional<ApiError> e = kvguard::core::ParseCompletionRequest(body, chat, limits, &r);
   if (e) {
@@ -36,13 +37,21 @@ void CheckOne(std::string_view body, bool chat) {
     return;
   }
   if (r.model != limits.model) Fail("accepted model '" + r.model + "'");
-  if (r.max_tokens < 1 || r.max_tokens > limits.max_tokens)
+  if (r.max_tokens < (r.echo ? 0 : 1) || r.max_tokens > limits.max_tokens)
     Fail("accepted max_tokens out of range");
+  if (r.echo && chat) Fail("accepted echo on chat");
+  if (r.logprobs < -1 || r.logprobs > (chat ? kvguard::core::kMaxTopLogprobs
+                                            : kvguard::core::kMaxCompletionLogprobs)) {
+    Fail("accepted logprobs out of range");
+  }
+  for (const int id : r.prompt_tokens) {
+    if (chat || id < 0 || id >= limits.vocab_size) Fail("accepted a token id out of range");
+  }
   if (!(r.temperature >= 0 && r.temperature <= 2)) Fail("accepted temperature out of range");
   if (!(r.top_p > 0 && r.top_p <= 1)) Fail("accepted top_p out of range");
   if (r.stop.size() > 4) Fail("accepted more than 4 stop sequences");
   // (A chat prompt is the rendered conversation: the limit applies to it as rendered.)
-  if (r.prompt.empty() || r.prompt.size() > limits.max_prompt_bytes) {
+  if ((r.prompt.empty() && r.prompt_tokens.empty()) || r.prompt.size() > limits.max_prompt_bytes) {
     Fail("accepted a prompt of " + std::to_string(r.prompt.size()) + " bytes");
   }
   // The request's own text (stop sequences, prompt) as if the model had produced it.

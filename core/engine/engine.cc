@@ -90,6 +90,14 @@ struct Engine::Request {
   int PrefillLeft() const {
     return state == State::kPrefilling ? PrefillLength() - pages.kv_len() : 0;
   }
+  // WantsTokenLogits: a prefill chunk at positions [pos, pos + n) must return every row's
+  // logits: its request asked for prompt logprobs, and some row predicts a prompt token not yet
+  // reported (row p predicts token p + 1; a prefill recomputed after a preemption reports
+  // nothing twice).
+  bool WantsTokenLogits(int pos, int n) const {
+    const int reported = static_cast<int>(result.prompt_logprobs.size());  // tokens 1..reported
+    return req.prompt_logprobs && generated == 0 && pos + n > reported && pos < prompt_len - 1;
+  }
 };
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<Model> model,
@@ -163,9 +171,13 @@ absl::StatusOr<RequestId> Engine::Submit(GenerationRequest request) {
     return absl::InvalidArgumentError(absl::StrCat(
         "prompt of ", n, " tokens leaves no room in the context of ", c.max_context, " tokens"));
   }
-  if (request.max_tokens < 1) {
+  if (request.max_tokens < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("max_tokens must be >= 1 (got ", request.max_tokens, ")"));
+        absl::StrCat("max_tokens must be >= 0 (got ", request.max_tokens, ")"));
+  }
+  if (request.logprobs < -1 || request.logprobs > kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(absl::StrCat("logprobs must be in [-1, ", kMaxTopLogprobs,
+                                                   "] (got ", request.logprobs, ")"));
   }
   for (int t : request.prompt) {
     if (t < 0 || t >= c.vocab_size) {
@@ -368,7 +380,7 @@ void Engine::FinishLocked(Request* r, FinishReason reason, absl::Status status) 
     // How much of what it could have generated this request used (admission's estimate).
     const int could =
         std::min(r->prompt_len + r->req.max_tokens, model_->config().max_context) - r->prompt_len;
-    scheduler_.Finished(r->generated, could);
+    if (could > 0) scheduler_.Finished(r->generated, could);  // max_tokens 0 says nothing
   }
   r->result.reason = reason;
   r->result.status = std::move(status);
@@ -463,7 +475,16 @@ void Engine::StepLoop() {
   std::vector<Model::Chunk> chunks;
   std::vector<isolation::StepSession> sessions;
   std::vector<int32_t> tag_faults;
-  std::vector<int> sampled;     // the token sampled from each row's logits (-1: none)
+  std::vector<int> sampled;  // the token sampled from each row's logits (-1: none)
+  // With logprobs: the sampled token's entry per row, and each chunk's prompt tokens' entries
+  // (prompt_logprobs), from the logits of all its rows (token_logits, at token_rows_at[j]).
+  std::vector<TokenLogprobs> sampled_logprobs;
+  std::vector<std::vector<TokenLogprobs>> prompt_logprobs;
+  std::vector<float> token_rows;
+  std::vector<size_t> token_rows_at;
+  // The prompt rows to report, (chunk j, row t), spread over the kernel pool: a long prompt's
+  // rows do not hold up the step's other requests for longer than their share.
+  std::vector<std::pair<size_t, int>> prompt_rows;
   std::vector<size_t> in_step;  // chunk j of the forward pass is batch entry in_step[j]
   std::vector<Model::Chunk> run;
   // The plan's requests, resolved before carrying it out changes in_flight_ and waiting_.
@@ -544,7 +565,8 @@ void Engine::StepLoop() {
             .pos = done,
             .pages = {},
             .prefill = true,
-            .logits = done + n == r->PrefillLength() && r->generated == 0});
+            .logits =
+                done + n == r->PrefillLength() && r->generated == 0 && r->req.max_tokens > 0});
       };
       for (size_t k = 0; k < continuing.size(); ++k)
         add_chunk(continuing[k], plan.prefill[k].tokens);
@@ -607,18 +629,72 @@ void Engine::StepLoop() {
     // The step runs without the engine lock. Its requests cannot finish or lose pages
     // meanwhile: only this thread finishes, preempts or grows them (Cancel only flags them).
     logits.resize(run.size() * V);
+    // Every row's logits for the chunks whose requests report prompt logprobs (echo).
+    constexpr size_t kNone = ~size_t{0};
+    token_rows_at.assign(run.size(), kNone);
+    size_t token_row_count = 0;
+    for (size_t j = 0; j < run.size(); ++j) {
+      const Model::Chunk& ch = run[j];
+      const int n = static_cast<int>(ch.tokens.size());
+      if (ch.prefill && batch[in_step[j]]->WantsTokenLogits(ch.pos, n)) {
+        token_rows_at[j] = token_row_count;
+        token_row_count += size_t(n);
+      }
+    }
+    token_rows.resize(token_row_count * V);
+    prompt_logprobs.resize(run.size());
+    prompt_rows.clear();
+    for (size_t j = 0; j < run.size(); ++j) {
+      prompt_logprobs[j].clear();
+      if (token_rows_at[j] == kNone) continue;
+      run[j].token_logits = &token_rows[token_rows_at[j] * V];
+      // Row t (position pos + t) predicts token pos + t + 1: report the prompt tokens after
+      // those already reported.
+      const Request* r = batch[in_step[j]];
+      const int reported = static_cast<int>(r->result.prompt_logprobs.size());
+      const size_t before = prompt_rows.size();
+      for (int t = std::max(reported - run[j].pos, 0);
+           t < static_cast<int>(run[j].tokens.size()) && run[j].pos + t + 1 < r->prompt_len; ++t) {
+        prompt_rows.emplace_back(j, t);
+      }
+      prompt_logprobs[j].resize(prompt_rows.size() - before);
+    }
     const absl::Status status = model_->Forward(run, *pool_, logits.data(), &kernel_pool_);
     // Sample each row that asked for logits, before taking the lock and over the kernel pool:
     // a request's sampler is its own, and only this thread steps it. A row whose token the step
     // does not accept (a violation, a cancel, an error) has drawn for nothing, and its request
     // ends there. Rows whose chunk met a foreign page are not sampled: their logits mean nothing.
+    // Logprobs, where asked for, likewise: of the raw logits (core/text/logprobs.h).
     sampled.assign(run.size(), -1);
+    sampled_logprobs.resize(run.size());
+    if (status.ok() && !prompt_rows.empty()) {
+      kernel_pool_.ParallelFor(
+          static_cast<int64_t>(prompt_rows.size()), 1, [&](int64_t b, int64_t e) {
+            for (int64_t k = b; k < e; ++k) {
+              const auto [j, t] = prompt_rows[size_t(k)];
+              if (tag_faults[j] >= 0) continue;
+              const Request* r = batch[in_step[j]];
+              const int first =
+                  std::max(static_cast<int>(r->result.prompt_logprobs.size()) - run[j].pos, 0);
+              const float* row = &token_rows[(token_rows_at[j] + size_t(t)) * V];
+              prompt_logprobs[j][size_t(t - first)] =
+                  LogprobsOf(std::span(row, V), r->tokens[size_t(run[j].pos + t) + 1],
+                             std::max(r->req.logprobs, 0));
+            }
+          });
+    }
     if (status.ok()) {
       kernel_pool_.ParallelFor(static_cast<int64_t>(run.size()), 1, [&](int64_t b, int64_t e) {
-        for (int64_t j = b; j < e; ++j) {
-          if (!run[size_t(j)].logits || tag_faults[size_t(j)] >= 0) continue;
-          sampled[size_t(j)] =
-              batch[in_step[size_t(j)]]->sampler.Sample(&logits[size_t(j) * V], c.vocab_size);
+        for (int64_t jj = b; jj < e; ++jj) {
+          const size_t j = size_t(jj);
+          if (tag_faults[j] >= 0) continue;
+          const Request* r = batch[in_step[j]];
+          const int top_n = std::max(r->req.logprobs, 0);
+          if (!run[j].logits) continue;
+          sampled[j] = batch[in_step[j]]->sampler.Sample(&logits[j * V], c.vocab_size);
+          if (r->req.logprobs >= 0) {
+            sampled_logprobs[j] = LogprobsOf(std::span(&logits[j * V], V), sampled[j], top_n);
+          }
         }
       });
     }
@@ -661,14 +737,29 @@ void Engine::StepLoop() {
         FinishLocked(r, FinishReason::kError, status);
       } else if (r->pages.set_kv_len(r->pages.kv_len() + n); r->cancelled) {
         // It leaves at the step boundary, before the next step, with nothing more accepted.
-      } else if (!ch.prefill || r->pages.kv_len() == r->PrefillLength()) {
-        // A decode token, or a prefill's last chunk: the request decodes from now on. A new
-        // request samples its first token from the last chunk's logits; a recomputed one
-        // already has its next input (the last token it generated).
-        r->state = Request::State::kRunning;
-        if (ch.logits) {
-          ABSL_RAW_CHECK(sampled[j] >= 0, "an accepted row was not sampled");
-          AcceptTokenLocked(r, sampled[j]);
+      } else {
+        std::vector<TokenLogprobs>& reported = r->result.prompt_logprobs;
+        reported.insert(reported.end(), std::make_move_iterator(prompt_logprobs[j].begin()),
+                        std::make_move_iterator(prompt_logprobs[j].end()));
+        if (!ch.prefill || r->pages.kv_len() == r->PrefillLength()) {
+          // A decode token, or a prefill's last chunk: the request decodes from now on. A new
+          // request samples its first token from the last chunk's logits; a recomputed one
+          // already has its next input (the last token it generated). With max_tokens 0 it
+          // is done.
+          r->state = Request::State::kRunning;
+          if (ch.prefill && r->generated == 0 && r->req.on_prompt_logprobs) {
+            r->req.on_prompt_logprobs(r->result.prompt_logprobs);
+          }
+          if (r->req.max_tokens == 0) {
+            FinishLocked(r, FinishReason::kLength, {});
+          } else if (ch.logits) {
+            ABSL_RAW_CHECK(sampled[j] >= 0, "an accepted row was not sampled");
+            if (r->req.logprobs >= 0) {
+              r->result.logprobs.push_back(std::move(sampled_logprobs[j]));
+              if (r->req.on_logprobs) r->req.on_logprobs(r->result.logprobs.back());
+            }
+            AcceptTokenLocked(r, sampled[j]);
+          }
         }
       }
     }

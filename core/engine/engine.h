@@ -25,6 +25,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -35,6 +36,7 @@
 #include "core/engine/session_pages.h"
 #include "core/model/kv_pool.h"
 #include "core/model/model.h"
+#include "core/text/logprobs.h"
 #include "core/text/sampler.h"
 #include "core/text/tokenizer.h"
 #include "isolation/guard.h"
@@ -106,19 +108,36 @@ std::string FinishReasonName(FinishReason reason);
 struct GenerationRequest {
   std::string tenant = "default";  // a tenant of the isolation policy
   std::vector<int> prompt;         // token ids, BOS included if the model wants one
-  int max_tokens = 16;             // >= 1
+  // >= 0; 0: the prompt is prefilled (for prompt_logprobs) and nothing is generated.
+  int max_tokens = 16;
   SamplingParams sampling;
+  // logprobs >= 0: each generated token's logprob and its `logprobs` most likely alternatives
+  // (<= kMaxTopLogprobs), of the raw logits it was sampled from (core/text/logprobs.h), go to
+  // GenerationResult::logprobs; -1: none.
+  int logprobs = -1;
+  // prompt_logprobs: so do the prompt's tokens after the first (GenerationResult::
+  // prompt_logprobs), from the logits of every prefill row (Model::Chunk::token_logits), with
+  // max(logprobs, 0) alternatives.
+  bool prompt_logprobs = false;
   std::vector<std::string> stop;  // stop sequences (text), OpenAI semantics
   bool stop_at_eos = true;
   // on_text, if set, receives the text as it becomes final (valid UTF-8, stop sequences
   // removed), from an engine thread; it must not block for long or call into the engine.
   std::function<void(std::string_view)> on_text;
+  // on_logprobs, if set (with logprobs >= 0), receives each generated token's entry as it is
+  // accepted, before the text it adds reaches on_text; same thread and rules.
+  std::function<void(const TokenLogprobs&)> on_logprobs;
+  // on_prompt_logprobs, if set (with prompt_logprobs), receives every prompt entry once the
+  // prefill is done, before any generated token's; same thread and rules.
+  std::function<void(std::span<const TokenLogprobs>)> on_prompt_logprobs;
 };
 
 struct GenerationResult {
   RequestId id = 0;
-  std::vector<int> tokens;  // generated ids (the stop sequence's tokens included)
-  std::string text;         // generated text, stop sequence removed
+  std::vector<int> tokens;              // generated ids (the stop sequence's tokens included)
+  std::vector<TokenLogprobs> logprobs;  // per generated token (request's logprobs >= 0)
+  std::vector<TokenLogprobs> prompt_logprobs;  // prompt tokens 1.. (prompt_logprobs)
+  std::string text;                            // generated text, stop sequence removed
   FinishReason reason = FinishReason::kError;
   absl::Status status;                            // OK unless reason == kError or kAborted
   std::optional<isolation::Violation> violation;  // kAborted: what verification found
@@ -155,7 +174,8 @@ class Engine {
   ~Engine();  // cancels everything still running and joins the engine thread
 
   // Submit queues a request. InvalidArgument (and nothing queued) for an empty prompt, a
-  // prompt that leaves no room in the context, max_tokens < 1, bad sampling parameters or
+  // prompt that leaves no room in the context, max_tokens < 0, logprobs outside
+  // [-1, kMaxTopLogprobs], bad sampling parameters or
   // stop sequences, a token outside the vocabulary; ResourceExhausted if the whole pool
   // could never hold the prompt plus the reserve; NotFound for an unknown tenant,
   // PermissionDenied for a quarantined one, Unavailable for a strict one while the audit sink

@@ -246,7 +246,7 @@ struct Scratch {
   std::vector<float> att;      // [rows, n_heads, head_dim] attention output
   std::vector<float> proj;     // [rows, dim] block output before the residual add
   std::vector<float> gate_up;  // [rows, 2 ffn_dim]: gate, then up (see SiluGate)
-  std::vector<float> head;     // [chunks with logits, vocab]: the output matmul's, packed
+  std::vector<float> head;     // [rows with logits, vocab]: the output matmul's, packed
 };
 
 void Embed(const std::vector<float>& table, int dim, const int* tokens, int rows, float* x) {
@@ -468,33 +468,46 @@ absl::Status Model::Forward(std::span<const Chunk> chunks, KvPool& pool, float* 
     for (size_t k = 0; k < size_t(R) * c.dim; ++k) s.x[k] += s.proj[k];
   }
 
-  // Logits of each chunk's last token that wants them, decode chunks then prefill chunks
-  // (packed into xb's first rows), then scattered to the chunk's own row of `logits`.
+  // Logits of each chunk's last token that wants them, and of every token of chunks with
+  // token_logits, decode chunks then prefill chunks (packed into xb's first rows; xb has a row
+  // per token), then scattered: to the chunk's own row of `logits`, and to its token_logits.
   std::vector<int> out_chunk;  // packed row -> chunk
+  std::vector<int> out_row;    // packed row -> step row
   int out_decode = 0;
+  bool any_token_logits = false;
   for (int r = 0; r < R; ++r) {
     const int i = rows.chunk[size_t(r)];
     const bool last = r + 1 == R || rows.chunk[size_t(r) + 1] != i;
-    if (!last || !chunks[size_t(i)].logits) continue;
+    const bool every = chunks[size_t(i)].token_logits != nullptr;
+    if (!every && (!last || !chunks[size_t(i)].logits)) continue;
+    any_token_logits = any_token_logits || every;
     kernels::RmsNorm(&s.x[size_t(r) * c.dim], output_norm_.data(), c.dim, c.norm_eps,
                      &s.xb[out_chunk.size() * c.dim]);
     out_chunk.push_back(i);
+    out_row.push_back(r);
     if (r < D) out_decode = static_cast<int>(out_chunk.size());
   }
   const int n_out = static_cast<int>(out_chunk.size());
+  const size_t V = static_cast<size_t>(c.vocab_size);
   // When packed row k is chunk k's (a decode step, where every chunk wants logits), the
   // matmul writes `logits` itself: a copy of [chunks, vocab] floats saved per step.
-  bool in_place = true;
+  bool in_place = !any_token_logits;
   for (int k = 0; k < n_out; ++k) in_place = in_place && out_chunk[size_t(k)] == k;
   if (n_out > 0 && in_place) {
     MatMulPhases(output_, s.xb.data(), out_decode, n_out, logits, tp);
   } else if (n_out > 0) {
     std::vector<float>& packed = s.head;
-    packed.resize(size_t(n_out) * c.vocab_size);
+    packed.resize(size_t(n_out) * V);
     MatMulPhases(output_, s.xb.data(), out_decode, n_out, packed.data(), tp);
     for (int k = 0; k < n_out; ++k) {
-      std::copy_n(&packed[size_t(k) * c.vocab_size], c.vocab_size,
-                  logits + size_t(out_chunk[size_t(k)]) * c.vocab_size);
+      const int i = out_chunk[size_t(k)], r = out_row[size_t(k)];
+      const Chunk& ch = chunks[size_t(i)];
+      const bool last = r + 1 == R || rows.chunk[size_t(r) + 1] != i;
+      const float* row = &packed[size_t(k) * V];
+      if (ch.token_logits != nullptr) {
+        std::copy_n(row, V, ch.token_logits + size_t(rows.pos[size_t(r)] - ch.pos) * V);
+      }
+      if (last && ch.logits) std::copy_n(row, V, logits + size_t(i) * V);
     }
   }
   for (int i = 0; i < n_chunks; ++i) {

@@ -85,6 +85,10 @@ class Model {
     // compute-bound phase), else through the decode weights (INT4 by default).
     bool prefill = false;
     bool logits = true;  // write the logits of the chunk's last token (its row of `logits`)
+    // token_logits, if set: [tokens.size(), vocab], every token's logits, row t for token t
+    // (prompt logprobs). They come out of the same pass as the rest; chunks that leave it
+    // null cost nothing more.
+    float* token_logits = nullptr;
     // check_tags: before every layer's writes, each page the chunk writes into must still
     // carry its grant's tag, and the attention kernel checks every page's tag against the
     // grants' before reading it (isolation's defence in depth, after the verifier).
@@ -100,9 +104,9 @@ class Model {
   // matrix multiplied once per phase's weights. Writes each token's K and V into its page
   // (quantised on write) before the layer's attention reads the cache, so a chunk's tokens
   // attend to each other causally; writes chunk i's logits, if asked for, to row i of
-  // `logits` [chunks.size(), vocab]. InvalidArgument, with nothing written, for an empty list
-  // or chunk, a position outside the context or the pages' room, or a token outside the
-  // vocabulary.
+  // `logits` [chunks.size(), vocab], and every token's to its token_logits where set.
+  // InvalidArgument, with nothing written, for an empty list or chunk, a position outside the
+  // context or the pages' room, or a token outside the vocabulary.
   absl::Status Forward(std::span<const Chunk> chunks, KvPool& pool, float* logits,
                        kernels::ThreadPool* thread_pool);
 

@@ -25,37 +25,6 @@ ApiError WrongType(const std::string& param, const char* want) {
   return e;
 }
 
-// IsValidUtf8 checks well-formed UTF-8 (no overlongs, surrogates or code points > U+10FFFF).
-bool IsValidUtf8(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    int n = 0;
-    uint32_t min = 0, cp = 0;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if ((c & 0xE0) == 0xC0) {
-      n = 1, min = 0x80, cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      n = 2, min = 0x800, cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      n = 3, min = 0x10000, cp = c & 0x07;
-    } else {
-      return false;
-    }
-    for (int k = 1; k <= n; ++k) {
-      if (i + static_cast<size_t>(k) >= s.size()) return false;
-      const auto cc = static_cast<unsigned char>(s[i + k]);
-      if ((cc & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    i += static_cast<size_t>(n) + 1;
-  }
-  return true;
-}
-
 // ReadNumber reads an optional number field into *out; an error if present and not a number
 // in [lo, hi].
 std::optional<ApiError> ReadNumber(const json& doc, const char* name, double lo, double hi,
@@ -93,6 +62,186 @@ std::optional<ApiError> ReadContent(const json& content, const std::string& para
     if (text == part.end() || !text->is_string()) return WrongType(p + ".text", "a string");
     out->append(text->get_ref<const std::string&>());
   }
+  return std::nullopt;
+}
+
+// Unsupported returns the refusal of a parameter this server does not implement.
+ApiError Unsupported(const std::string& param, const char* why) {
+  ApiError e = Invalid(param, absl::StrCat("'", param, "' is not supported by this server", why));
+  e.code = "unsupported_parameter";
+  return e;
+}
+
+// UnsupportedValue returns the refusal of a parameter accepted only at the value that changes
+// nothing.
+ApiError UnsupportedValue(const std::string& param, const char* accepted) {
+  ApiError e = Invalid(param, absl::StrCat("'", param, "' is only supported as ", accepted,
+                                           " (this server does not implement it)"));
+  e.code = "unsupported_value";
+  return e;
+}
+
+// Endpoints a field belongs to.
+enum Endpoints : unsigned { kCompletions = 1, kChat = 2, kBoth = 3 };
+
+// FieldRule says what ParseCompletionRequest does with one top-level field. `no_effect` is
+// null for a field it implements (read below, by name); otherwise the field is accepted only
+// when it is null or no_effect(value) holds, the value at which it changes nothing, which
+// `accepted` names for the error. Every other field, OpenAI's or not, is refused: a parameter
+// that was silently ignored would give the client an answer to a question it did not ask.
+// README.md (API) tabulates the same decisions.
+struct FieldRule {
+  std::string_view name;
+  unsigned endpoints;
+  bool (*no_effect)(const json&);
+  const char* accepted;
+};
+
+bool IsString(const json& v) { return v.is_string(); }
+bool IsBool(const json& v) { return v.is_boolean(); }
+bool IsFalse(const json& v) { return v == false; }
+bool IsZero(const json& v) { return v.is_number() && v.get<double>() == 0; }
+bool IsOne(const json& v) { return v.is_number_integer() && v.get<int64_t>() == 1; }
+bool IsEmptyString(const json& v) { return v == ""; }
+bool IsNone(const json& v) { return v == "none"; }
+bool IsDefaultTier(const json& v) { return v == "auto" || v == "default"; }
+bool IsTextOnly(const json& v) { return v == json::array({"text"}); }
+bool IsTextFormat(const json& v) { return v == json{{"type", "text"}}; }
+bool IsZeroBias(const json& v) {
+  if (!v.is_object()) return false;
+  for (const auto& [token, bias] : v.items()) {
+    if (!IsZero(bias)) return false;
+  }
+  return true;
+}
+bool IsStringMap(const json& v) {
+  if (!v.is_object()) return false;
+  for (const auto& [key, value] : v.items()) {
+    if (!value.is_string()) return false;
+  }
+  return true;
+}
+bool Never(const json&) { return false; }
+
+constexpr FieldRule kFieldRules[] = {
+    // Implemented (read by ParseCompletionRequest).
+    {"model", kBoth, nullptr, nullptr},
+    {"prompt", kCompletions, nullptr, nullptr},
+    {"messages", kChat, nullptr, nullptr},
+    {"max_tokens", kBoth, nullptr, nullptr},
+    {"max_completion_tokens", kBoth, nullptr, nullptr},
+    {"temperature", kBoth, nullptr, nullptr},
+    {"top_p", kBoth, nullptr, nullptr},
+    {"seed", kBoth, nullptr, nullptr},
+    {"stop", kBoth, nullptr, nullptr},
+    {"stream", kBoth, nullptr, nullptr},
+    {"stream_options", kBoth, nullptr, nullptr},
+    {"n", kBoth, nullptr, nullptr},
+    {"logprobs", kBoth, nullptr, nullptr},
+    {"top_logprobs", kChat, nullptr, nullptr},
+    {"echo", kCompletions, nullptr, nullptr},
+    {"ignore_eos", kBoth, nullptr, nullptr},  // vLLM's extension
+    // No effect on the output at these values.
+    {"user", kBoth, IsString, "a string (it is not used)"},
+    {"safety_identifier", kChat, IsString, "a string (it is not used)"},
+    {"prompt_cache_key", kChat, IsString, "a string (the prefix cache is per tenant)"},
+    {"metadata", kChat, IsStringMap, "an object of strings (nothing is stored)"},
+    {"store", kChat, IsFalse, "false (nothing is stored)"},
+    {"best_of", kCompletions, IsOne, "1"},
+    {"frequency_penalty", kBoth, IsZero, "0"},
+    {"presence_penalty", kBoth, IsZero, "0"},
+    {"logit_bias", kBoth, IsZeroBias, "{} (or biases of 0)"},
+    {"suffix", kCompletions, IsEmptyString, "\"\""},
+    {"service_tier", kChat, IsDefaultTier, "\"auto\" or \"default\""},
+    {"modalities", kChat, IsTextOnly, "[\"text\"]"},
+    {"response_format", kChat, IsTextFormat, "{\"type\": \"text\"}"},
+    {"tool_choice", kChat, IsNone, "\"none\" (tools are not supported)"},
+    {"function_call", kChat, IsNone, "\"none\" (functions are not supported)"},
+    {"parallel_tool_calls", kChat, IsBool, "a boolean (tools are not supported)"},
+    // Never: these change the output and are not implemented.
+    {"tools", kChat, Never, "null"},
+    {"functions", kChat, Never, "null"},
+    {"audio", kChat, Never, "null"},
+    {"prediction", kChat, Never, "null"},
+    {"reasoning_effort", kChat, Never, "null"},
+    {"verbosity", kChat, Never, "null"},
+    {"web_search_options", kChat, Never, "null"},
+};
+
+// CheckFields refuses every field of `doc` that kFieldRules does not accept for the endpoint.
+std::optional<ApiError> CheckFields(const json& doc, bool chat) {
+  const unsigned endpoint = chat ? kChat : kCompletions;
+  for (const auto& [name, value] : doc.items()) {
+    const FieldRule* rule = nullptr;
+    for (const FieldRule& r : kFieldRules) {
+      if (r.name == name && (r.endpoints & endpoint) != 0) rule = &r;
+    }
+    if (rule == nullptr) {
+      return Unsupported(name, chat ? " on /v1/chat/completions" : " on /v1/completions");
+    }
+    if (rule->no_effect == nullptr || value.is_null() || rule->no_effect(value)) continue;
+    if (rule->no_effect == Never) return Unsupported(name, "");
+    return UnsupportedValue(name, rule->accepted);
+  }
+  return std::nullopt;
+}
+
+// ReadTokenIds reads a prompt given as token ids: integers in [0, limits.vocab_size).
+std::optional<ApiError> ReadTokenIds(const json& ids, const RequestLimits& limits,
+                                     std::vector<int>* out) {
+  if (ids.size() > limits.max_prompt_bytes) {
+    ApiError e = Invalid(
+        "prompt", absl::StrCat("the prompt has more than ", limits.max_prompt_bytes, " tokens"));
+    e.code = "context_length_exceeded";
+    return e;
+  }
+  for (const json& id : ids) {
+    if (!id.is_number_integer()) return WrongType("prompt", "an array of integer token ids");
+    const int64_t v = id.get<int64_t>();
+    if (v < 0 || v >= limits.vocab_size) {
+      return Invalid("prompt", absl::StrCat("token id ", v, " is outside the vocabulary [0, ",
+                                            limits.vocab_size, ")"));
+    }
+    out->push_back(static_cast<int>(v));
+  }
+  return std::nullopt;
+}
+
+// ReadLogprobs reads echo (completions), logprobs and top_logprobs into *r.
+std::optional<ApiError> ReadLogprobs(const json& doc, bool chat, CompletionRequest* r) {
+  if (auto it = doc.find("echo"); it != doc.end() && !it->is_null()) {
+    if (!it->is_boolean()) return WrongType("echo", "a boolean");
+    r->echo = it->get<bool>();
+  }
+  auto it = doc.find("logprobs");
+  const bool given = it != doc.end() && !it->is_null();
+  if (!chat) {  // logprobs: N, the alternatives per token (OpenAI allows 0..5)
+    if (!given) return std::nullopt;
+    if (!it->is_number_integer()) return WrongType("logprobs", "an integer");
+    const int64_t n = it->get<int64_t>();
+    if (n < 0 || n > kMaxCompletionLogprobs) {
+      return Invalid("logprobs",
+                     absl::StrCat("'logprobs' must be in [0, ", kMaxCompletionLogprobs, "]"));
+    }
+    r->logprobs = static_cast<int>(n);
+    return std::nullopt;
+  }
+  // Chat: logprobs: true, and top_logprobs: N alternatives (0..20).
+  if (given && !it->is_boolean()) return WrongType("logprobs", "a boolean");
+  const bool on = given && it->get<bool>();
+  auto top = doc.find("top_logprobs");
+  int n = 0;
+  if (top != doc.end() && !top->is_null()) {
+    if (!top->is_number_integer()) return WrongType("top_logprobs", "an integer");
+    const int64_t v = top->get<int64_t>();
+    if (v < 0 || v > kMaxTopLogprobs) {
+      return Invalid("top_logprobs",
+                     absl::StrCat("'top_logprobs' must be in [0, ", kMaxTopLogprobs, "]"));
+    }
+    if (!on) return Invalid("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    n = static_cast<int>(v);
+  }
+  r->logprobs = on ? n : -1;
   return std::nullopt;
 }
 
@@ -144,6 +293,7 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, bool chat,
   const json doc = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) return Invalid("", "the request body is not valid JSON");
   if (!doc.is_object()) return Invalid("", "the request body must be a JSON object");
+  if (auto e = CheckFields(doc, chat)) return e;
   CompletionRequest r;
   r.chat = chat;
 
@@ -171,6 +321,12 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, bool chat,
       const json& m = (*messages)[i];
       const std::string p = absl::StrCat("messages[", i, "]");
       if (!m.is_object()) return WrongType(p, "an object");
+      for (const auto& [key, value] : m.items()) {
+        // name, tool_calls, function_call, audio, ...: each would change the prompt.
+        if (key != "role" && key != "content" && !value.is_null()) {
+          return Unsupported(absl::StrCat(p, ".", key), " in messages");
+        }
+      }
       auto role = m.find("role");
       if (role == m.end() || !role->is_string()) return WrongType(p + ".role", "a string");
       const std::string& rs = role->get_ref<const std::string&>();
@@ -187,14 +343,24 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, bool chat,
   } else {
     auto prompt = doc.find("prompt");
     if (prompt == doc.end()) return Invalid("prompt", "'prompt' is required");
+    // Token ids: [1, 2, ...], or a batch of one, [[1, 2, ...]] (lm-evaluation-harness sends
+    // its requests tokenized so).
+    const json* ids = nullptr;
+    if (prompt->is_array() && !prompt->empty() && (*prompt)[0].is_number()) ids = &*prompt;
+    if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_array()) ids = &(*prompt)[0];
     if (prompt->is_array() && prompt->size() == 1 && (*prompt)[0].is_string()) {
       r.prompt = (*prompt)[0].get<std::string>();
     } else if (prompt->is_string()) {
       r.prompt = prompt->get<std::string>();
+    } else if (ids != nullptr) {
+      if (auto e = ReadTokenIds(*ids, limits, &r.prompt_tokens)) return e;
     } else {
-      return WrongType("prompt", "a string (or an array of one string)");
+      return WrongType("prompt",
+                       "a string, an array of one string, or an array of token ids (or of one)");
     }
-    if (r.prompt.empty()) return Invalid("prompt", "'prompt' must not be empty");
+    if (r.prompt.empty() && r.prompt_tokens.empty()) {
+      return Invalid("prompt", "'prompt' must not be empty");
+    }
   }
   if (r.prompt.size() > limits.max_prompt_bytes) {
     ApiError e =
@@ -204,15 +370,22 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, bool chat,
     return e;
   }
 
+  if (auto e = ReadLogprobs(doc, chat, &r)) return e;
+  // echo with max_tokens 0 scores a text without generating (lm-evaluation-harness's
+  // loglikelihood requests); without echo there would be nothing to return.
+  const int64_t min_tokens = r.echo ? 0 : 1;
   r.max_tokens = std::min(limits.default_max_tokens, limits.max_tokens);
   for (const char* name : {"max_tokens", "max_completion_tokens"}) {
     auto it = doc.find(name);
     if (it == doc.end() || it->is_null()) continue;
     if (!it->is_number_integer()) return WrongType(name, "an integer");
     const int64_t v = it->get<int64_t>();
-    if (v < 1 || v > limits.max_tokens) {
-      return Invalid(name, absl::StrCat("'", name, "' must be in [1, ", limits.max_tokens,
-                                        "] (this tenant's tokens_per_request), got ", v));
+    if (v < min_tokens || v > limits.max_tokens) {
+      return Invalid(name,
+                     absl::StrCat("'", name, "' must be in [", min_tokens, ", ", limits.max_tokens,
+                                  "] (this tenant's tokens_per_request; 0 only with echo), "
+                                  "got ",
+                                  v));
     }
     r.max_tokens = static_cast<int>(v);
   }
@@ -253,9 +426,18 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, bool chat,
   }
   if (auto it = doc.find("stream_options"); it != doc.end() && !it->is_null()) {
     if (!it->is_object()) return WrongType("stream_options", "an object");
-    if (auto u = it->find("include_usage"); u != it->end()) {
-      if (!u->is_boolean()) return WrongType("stream_options.include_usage", "a boolean");
-      r.include_usage = u->get<bool>();
+    for (const auto& [key, value] : it->items()) {
+      const std::string param = "stream_options." + key;
+      if (value.is_null()) continue;
+      if (key == "include_usage") {
+        if (!value.is_boolean()) return WrongType(param, "a boolean");
+        r.include_usage = value.get<bool>();
+      } else if (key == "include_obfuscation") {
+        // The obfuscation field pads chunks to hide their lengths; none is sent.
+        if (value != false) return UnsupportedValue(param, "false");
+      } else {
+        return Unsupported(param, "");
+      }
     }
   }
   *out = std::move(r);
@@ -279,9 +461,90 @@ json UsageJson(const Usage& usage) {
 
 }  // namespace
 
+namespace {
+
+// TokenText is how a token is named in `logprobs`: its text, or "bytes:\xNN..." when its bytes
+// are not valid UTF-8 on their own.
+std::string TokenText(const std::string& bytes) {
+  if (IsValidUtf8(bytes)) return bytes;
+  std::string out = "bytes:";
+  for (const char c : bytes) {
+    absl::StrAppend(&out, "\\x", absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2));
+  }
+  return out;
+}
+
+// CodePoints counts the characters `bytes` starts (its bytes that are not continuation bytes).
+int64_t CodePoints(const std::string& bytes) {
+  int64_t n = 0;
+  for (const char c : bytes) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80 ? 1 : 0;
+  return n;
+}
+
+// Logprob is a logprob as JSON can carry it: -inf (probability 0) becomes OpenAI's -9999.
+json Logprob(float logprob) { return std::isfinite(logprob) ? logprob : -9999.0f; }
+
+json BytesJson(const std::string& bytes) {
+  json out = json::array();
+  for (const char c : bytes) out.push_back(static_cast<unsigned char>(c));
+  return out;
+}
+
+}  // namespace
+
+json LogprobsJson(const CompletionRequest& request, const Tokenizer& tokenizer,
+                  std::span<const int> echoed, std::span<const TokenLogprobs> echoed_logprobs,
+                  std::span<const TokenLogprobs> generated, int64_t* offset) {
+  if (request.chat) {
+    json content = json::array();
+    for (const TokenLogprobs& e : generated) {
+      const std::string bytes = tokenizer.DecodeToken(e.token);
+      json top = json::array();
+      for (const TopLogprob& t : e.top) {
+        const std::string b = tokenizer.DecodeToken(t.token);
+        top.push_back(
+            {{"token", TokenText(b)}, {"logprob", Logprob(t.logprob)}, {"bytes", BytesJson(b)}});
+      }
+      content.push_back({{"token", TokenText(bytes)},
+                         {"logprob", Logprob(e.logprob)},
+                         {"bytes", BytesJson(bytes)},
+                         {"top_logprobs", top}});
+    }
+    return json{{"content", content}, {"refusal", nullptr}};
+  }
+  json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
+       text_offset = json::array();
+  auto add = [&](int token, const TokenLogprobs* e) {
+    const std::string bytes = tokenizer.DecodeToken(token);
+    tokens.push_back(TokenText(bytes));
+    text_offset.push_back(*offset);
+    *offset += CodePoints(bytes);
+    if (e == nullptr) {  // the first echoed token: nothing predicts it
+      token_logprobs.push_back(nullptr);
+      top_logprobs.push_back(nullptr);
+      return;
+    }
+    token_logprobs.push_back(Logprob(e->logprob));
+    json top = json::object();
+    for (const TopLogprob& t : e->top) {
+      top.emplace(TokenText(tokenizer.DecodeToken(t.token)), Logprob(t.logprob));
+    }
+    top_logprobs.push_back(top);
+  };
+  for (size_t i = 0; i < echoed.size(); ++i) {
+    add(echoed[i], i == 0 || i > echoed_logprobs.size() ? nullptr : &echoed_logprobs[i - 1]);
+  }
+  for (const TokenLogprobs& e : generated) add(e.token, &e);
+  return json{{"tokens", tokens},
+              {"token_logprobs", token_logprobs},
+              {"top_logprobs", top_logprobs},
+              {"text_offset", text_offset}};
+}
+
 json CompletionBody(const CompletionRequest& request, std::string_view id, int64_t created,
-                    std::string_view text, std::string_view finish_reason, const Usage& usage) {
-  json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", nullptr}};
+                    std::string_view text, std::string_view finish_reason, const Usage& usage,
+                    const json& logprobs) {
+  json choice = {{"index", 0}, {"finish_reason", finish_reason}, {"logprobs", logprobs}};
   if (request.chat) {
     choice["message"] = {{"role", "assistant"}, {"content", text}};
   } else {
@@ -294,10 +557,11 @@ json CompletionBody(const CompletionRequest& request, std::string_view id, int64
 }
 
 json ChunkBody(const CompletionRequest& request, std::string_view id, int64_t created,
-               std::string_view text, std::optional<std::string_view> finish_reason, bool first) {
+               std::string_view text, std::optional<std::string_view> finish_reason, bool first,
+               const json& logprobs) {
   json choice = {{"index", 0},
                  {"finish_reason", finish_reason ? json(*finish_reason) : json(nullptr)},
-                 {"logprobs", nullptr}};
+                 {"logprobs", logprobs}};
   if (request.chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";

@@ -8,10 +8,13 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "core/text/logprobs.h"
+#include "core/text/tokenizer.h"
 #include "nlohmann/json.hpp"
 
 namespace kvguard::core {
@@ -37,6 +40,9 @@ struct CompletionRequest {
   bool chat = false;
   std::string model;
   std::string prompt;
+  // Completions: the prompt as token ids, when given so (used as they are: no BOS is added);
+  // `prompt` is then empty until the server decodes them.
+  std::vector<int> prompt_tokens;
   int max_tokens = 0;
   float temperature = 1.0f;  // OpenAI's default; 0 = greedy
   float top_p = 1.0f;
@@ -45,7 +51,14 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with usage
   bool ignore_eos = false;     // vLLM's extension: generate max_tokens even past EOS
+  // logprobs >= 0: report each token's logprob and its `logprobs` most likely alternatives
+  // (completions' `logprobs: N`; chat's `logprobs: true` with `top_logprobs: N`); -1: none.
+  int logprobs = -1;
+  bool echo = false;  // completions: the prompt comes back before the completion
 };
+
+// The most alternatives completions' `logprobs` may ask for (chat's top_logprobs: 20).
+inline constexpr int kMaxCompletionLogprobs = 5;
 
 // RequestLimits are the bounds a request is validated against.
 struct RequestLimits {
@@ -53,15 +66,21 @@ struct RequestLimits {
   int max_tokens = 2048;        // ceiling for max_tokens (the tenant's tokens_per_request)
   int default_max_tokens = 16;  // when the request gives none (OpenAI's completions default)
   size_t max_prompt_bytes = 1 << 20;
+  int vocab_size = 0;  // token ids in a prompt must be below it
 };
 
 // ParseCompletionRequest validates `body` (JSON) for /v1/chat/completions when `chat`, else
 // /v1/completions, into *out. Returns nullopt on success, else the error naming the field:
 // malformed JSON or invalid UTF-8, a field of the wrong type, a missing prompt/messages/model,
-// max_tokens <= 0 or above limits.max_tokens, temperature outside [0, 2], top_p outside (0, 1],
-// more than 4 stop sequences, n != 1, an unknown model (404 model_not_found). Unknown fields
-// are ignored, as OpenAI's clients send optional fields this server does not implement.
-// Accepts vLLM's `ignore_eos` extension (generate max_tokens whatever the model emits).
+// a prompt of token ids outside [0, limits.vocab_size),
+// max_tokens < 1 (< 0 with echo) or above limits.max_tokens, temperature outside [0, 2],
+// top_p outside (0, 1], more than 4 stop sequences, n != 1, logprobs outside [0, 5]
+// (completions), top_logprobs outside [0, 20] or without logprobs (chat), an unknown model
+// (404 model_not_found). Fails closed: a field this server does not implement is refused
+// (code "unsupported_parameter", or "unsupported_value" for one accepted only at the value
+// that changes nothing, such as presence_penalty 0), never ignored; README.md (API) lists
+// every field. Accepts vLLM's `ignore_eos` extension (generate max_tokens whatever the model
+// emits).
 std::optional<ApiError> ParseCompletionRequest(std::string_view body, bool chat,
                                                const RequestLimits& limits, CompletionRequest* out);
 
@@ -78,15 +97,34 @@ struct Usage {
   int completion_tokens = 0;
 };
 
-// CompletionBody returns the non-streaming response ("text_completion" or "chat.completion").
+// LogprobsJson returns a choice's `logprobs` for `request` (request.logprobs >= 0), over the
+// echoed prompt's tokens (`echoed`, empty without echo; their entries are `echoed_logprobs`,
+// for tokens 1.., since nothing predicts the first) and then the `generated` entries:
+//  completions: {"tokens", "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"}
+//    (the first echoed token's logprob and top_logprobs are null);
+//  chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [{token, logprob, bytes}]}],
+//    "refusal": null}.
+// A token is its text, or "bytes:\xNN..." when its bytes are not valid UTF-8 on their own (a
+// piece of a character). A logprob of -inf (probability 0) is written as -9999.0, as OpenAI
+// does. `*offset` is where the first token's text starts in the choice's text, in code points
+// (text_offset), and is advanced past the last token: a stream carries it from chunk to chunk.
+nlohmann::json LogprobsJson(const CompletionRequest& request, const Tokenizer& tokenizer,
+                            std::span<const int> echoed,
+                            std::span<const TokenLogprobs> echoed_logprobs,
+                            std::span<const TokenLogprobs> generated, int64_t* offset);
+
+// CompletionBody returns the non-streaming response ("text_completion" or "chat.completion");
+// `logprobs` is the choice's (LogprobsJson, or null).
 nlohmann::json CompletionBody(const CompletionRequest& request, std::string_view id,
                               int64_t created, std::string_view text,
-                              std::string_view finish_reason, const Usage& usage);
+                              std::string_view finish_reason, const Usage& usage,
+                              const nlohmann::json& logprobs = nullptr);
 // ChunkBody returns one stream chunk carrying `text` (chat: the first chunk also carries
-// role "assistant") and, on the last, `finish_reason` (null before).
+// role "assistant") and, on the last, `finish_reason` (null before); `logprobs` is the
+// choice's for the chunk's tokens (LogprobsJson, or null).
 nlohmann::json ChunkBody(const CompletionRequest& request, std::string_view id, int64_t created,
                          std::string_view text, std::optional<std::string_view> finish_reason,
-                         bool first);
+                         bool first, const nlohmann::json& logprobs = nullptr);
 // UsageChunkBody returns the final chunk with no choices and `usage` (include_usage).
 nlohmann::json UsageChunkBody(const CompletionRequest& request, std::string_view id,
                               int64_t created, const Usage& usage);

@@ -113,6 +113,11 @@ struct Stream {
   std::mutex mu;
   std::condition_variable cv;
   std::string pending;  // text produced and not yet sent
+  // With logprobs: generated tokens' entries not yet sent, and (echo) the prompt's, once its
+  // prefill is done. echoed: the prompt's tokens (echo).
+  std::vector<TokenLogprobs> logprobs;
+  std::optional<std::vector<TokenLogprobs>> prompt_logprobs;
+  std::vector<int> echoed;
   bool finished = false;
   absl::StatusOr<GenerationResult> result = absl::UnknownError("not finished");
   std::thread waiter;  // Engine::Wait for the request; joined by the resource releaser
@@ -277,11 +282,15 @@ void Server::Impl::HandleCompletion(const httplib::Request& req, httplib::Respon
   limits.max_tokens = tenant->limits.tokens_per_request;
   limits.default_max_tokens = options.default_max_tokens;
   limits.max_prompt_bytes = options.max_body_bytes;
+  limits.vocab_size = engine->model().config().vocab_size;
   CompletionRequest request;
   if (std::optional<ApiError> e = ParseCompletionRequest(req.body, chat, limits, &request)) {
     return refuse(*e);
   }
-  std::vector<int> prompt = tokenizer->Encode(request.prompt, /*add_bos=*/true);
+  std::vector<int> prompt = request.prompt_tokens.empty()
+                                ? tokenizer->Encode(request.prompt, /*add_bos=*/true)
+                                : std::move(request.prompt_tokens);
+  if (request.prompt.empty()) request.prompt = tokenizer->Decode(prompt);  // echo, logs
   const int prompt_n = static_cast<int>(prompt.size());
   const int page_size = engine->pool().page_size();
   const int pages = (prompt_n + request.max_tokens + page_size - 1) / page_size;
@@ -327,6 +336,10 @@ void Server::Impl::HandleCompletion(const httplib::Request& req, httplib::Respon
   g.sampling.seed = request.seed ? *request.seed : std::random_device{}();
   g.stop = request.stop;
   g.stop_at_eos = !request.ignore_eos;
+  g.logprobs = request.logprobs;
+  g.prompt_logprobs = request.echo && request.logprobs >= 0;
+  // echo: the prompt's text (and its tokens, for logprobs) come back first.
+  const std::vector<int> echoed = request.echo ? g.prompt : std::vector<int>();
   std::shared_ptr<Stream> stream;
   if (request.stream) {
     stream = std::make_shared<Stream>();
@@ -335,6 +348,20 @@ void Server::Impl::HandleCompletion(const httplib::Request& req, httplib::Respon
       stream->pending.append(text);
       stream->cv.notify_all();
     };
+    if (request.logprobs >= 0) {
+      g.on_logprobs = [stream](const TokenLogprobs& e) {
+        std::lock_guard<std::mutex> lock(stream->mu);
+        stream->logprobs.push_back(e);
+      };
+    }
+    if (g.prompt_logprobs) {
+      g.on_prompt_logprobs = [stream](std::span<const TokenLogprobs> entries) {
+        std::lock_guard<std::mutex> lock(stream->mu);
+        stream->prompt_logprobs.emplace(entries.begin(), entries.end());
+        stream->cv.notify_all();
+      };
+    }
+    stream->echoed = echoed;
   }
   absl::StatusOr<RequestId> id = engine->Submit(std::move(g));
   if (!id.ok()) return refuse(SubmitError(id.status()));
@@ -360,8 +387,14 @@ void Server::Impl::HandleCompletion(const httplib::Request& req, httplib::Respon
   }
   const char* finish = FinishReasonText(result->reason);
   const std::string rid = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", *id);
-  res.set_content(Dump(CompletionBody(request, rid, UnixSeconds(), result->text, finish,
-                                      Usage{prompt_n, output_n})),
+  int64_t offset = 0;
+  const json logprobs = request.logprobs < 0
+                            ? json(nullptr)
+                            : LogprobsJson(request, *tokenizer, echoed, result->prompt_logprobs,
+                                           result->logprobs, &offset);
+  res.set_content(Dump(CompletionBody(request, rid, UnixSeconds(),
+                                      request.echo ? request.prompt + result->text : result->text,
+                                      finish, Usage{prompt_n, output_n}, logprobs)),
                   "application/json");
   Count(name, route, 200);
   CountTokens(prompt_n, output_n, finish);
@@ -396,15 +429,39 @@ void Server::Impl::StreamResponse(httplib::Response& res, RequestId id, Completi
           engine->Cancel(id);  // the client is gone: release its pages now
           return false;
         };
+        // Logprobs go out with the text their tokens produced: entries whose text is held back
+        // (a piece of a character, a possible stop sequence) wait for the next text, or the
+        // last chunk. echo: the prompt comes first (with logprobs, once its prefill is done).
+        const bool with_logprobs = req->logprobs >= 0;
+        bool echo_left = req->echo;
+        std::vector<TokenLogprobs> unsent, prompt_logprobs;
+        int64_t offset = 0;  // text_offset of the next token
+        auto logprobs = [&](bool echo_now) {
+          if (!with_logprobs) return json(nullptr);
+          const json lp =
+              LogprobsJson(*req, *tokenizer,
+                           echo_now ? std::span<const int>(stream->echoed) : std::span<const int>(),
+                           prompt_logprobs, unsent, &offset);
+          unsent.clear();
+          return lp;
+        };
         std::unique_lock<std::mutex> lock(stream->mu);
+        auto echo_ready = [&] { return echo_left && (!with_logprobs || stream->prompt_logprobs); };
         for (;;) {
-          stream->cv.wait(lock, [&] { return !stream->pending.empty() || stream->finished; });
+          stream->cv.wait(
+              lock, [&] { return !stream->pending.empty() || stream->finished || echo_ready(); });
           std::string text = std::move(stream->pending);
           stream->pending.clear();
+          std::move(stream->logprobs.begin(), stream->logprobs.end(), std::back_inserter(unsent));
+          stream->logprobs.clear();
           const bool finished = stream->finished;
+          const bool echo_now = echo_ready();
+          if (echo_now && with_logprobs) prompt_logprobs = *stream->prompt_logprobs;
           lock.unlock();
+          if (echo_now) text = req->prompt + text, echo_left = false;
           if (!text.empty()) {
-            if (!write(SseEvent(ChunkBody(*req, rid, created, text, std::nullopt, first)))) {
+            if (!write(SseEvent(ChunkBody(*req, rid, created, text, std::nullopt, first,
+                                          logprobs(echo_now))))) {
               return false;
             }
             first = false;
@@ -421,7 +478,10 @@ void Server::Impl::StreamResponse(httplib::Response& res, RequestId id, Completi
         } else {
           const char* finish = FinishReasonText(result->reason);
           *outcome = finish;
-          if (!write(SseEvent(ChunkBody(*req, rid, created, "", finish, first)))) return false;
+          if (!write(SseEvent(ChunkBody(*req, rid, created, "", finish, first,
+                                        unsent.empty() ? json(nullptr) : logprobs(false))))) {
+            return false;
+          }
           if (req->include_usage &&
               !write(SseEvent(UsageChunkBody(
                   *req, rid, created, Usage{prompt_n, static_cast<int>(result->tokens.size())})))) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/model/synthetic_model.h"
+#include "tests/core/model/reference_decoder.h"
 #include "tests/core/model/tiny_model.h"
 
 namespace kvguard::core {
@@ -145,6 +146,43 @@ TEST(EngineTest, PreemptionAndRecomputeGiveTheSameTokens) {
   EXPECT_GT(preempted, 0) << "the pool never ran dry: the test did not exercise preemption";
   EXPECT_EQ(engine->stats().preemptions, preempted);
   EXPECT_EQ(engine->stats().free_pages, engine->stats().total_pages);
+}
+
+// The same workload with logprobs and prompt logprobs: a preempted request's recomputed prefill
+// reports nothing twice, and every entry is what it is when the request runs alone.
+TEST(EngineTest, PreemptedRequestsReportEachLogprobOnce) {
+  auto with_logprobs = [](const std::string& prompt) {
+    GenerationRequest g = Greedy(prompt, 60);
+    g.logprobs = 2;
+    g.prompt_logprobs = true;
+    return g;
+  };
+  std::vector<GenerationResult> alone;
+  for (const auto& p : kPrompts) {
+    auto engine = MakeEngine(64);
+    alone.push_back(*engine->Wait(*engine->Submit(with_logprobs(p))));
+  }
+  auto engine = MakeEngine(10, 64, Paused(GreedyAdmission()));
+  std::vector<RequestId> ids;
+  for (const auto& p : kPrompts) ids.push_back(*engine->Submit(with_logprobs(p)));
+  LetRun(*engine);
+  int preempted = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const GenerationResult r = *engine->Wait(ids[i]);
+    preempted += r.preemptions;
+    EXPECT_EQ(r.tokens, alone[i].tokens) << kPrompts[i];
+    ASSERT_EQ(r.logprobs.size(), r.tokens.size()) << kPrompts[i];
+    ASSERT_EQ(r.prompt_logprobs.size(), alone[i].prompt_logprobs.size()) << kPrompts[i];
+    for (size_t k = 0; k < r.logprobs.size(); ++k) {
+      EXPECT_EQ(r.logprobs[k].token, alone[i].logprobs[k].token);
+      EXPECT_NEAR(r.logprobs[k].logprob, alone[i].logprobs[k].logprob, 1e-5);
+    }
+    for (size_t k = 0; k < r.prompt_logprobs.size(); ++k) {
+      EXPECT_EQ(r.prompt_logprobs[k].token, alone[i].prompt_logprobs[k].token);
+      EXPECT_NEAR(r.prompt_logprobs[k].logprob, alone[i].prompt_logprobs[k].logprob, 1e-5);
+    }
+  }
+  EXPECT_GT(preempted, 0) << "the pool never ran dry: the test did not exercise preemption";
 }
 
 // The same workload under admission with full growth reservation (ratio 1): a request is
@@ -353,8 +391,14 @@ TEST(EngineTest, BadRequestsGetClearErrors) {
   EXPECT_EQ(e2.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(e2.status().message().find("context"), std::string::npos);
 
-  GenerationRequest zero = Greedy("x", 0);
-  EXPECT_EQ(engine->Submit(zero).status().code(), absl::StatusCode::kInvalidArgument);
+  GenerationRequest negative = Greedy("x", -1);
+  EXPECT_EQ(engine->Submit(negative).status().code(), absl::StatusCode::kInvalidArgument);
+
+  GenerationRequest too_many_logprobs = Greedy("x", 3);
+  too_many_logprobs.logprobs = kMaxTopLogprobs + 1;
+  EXPECT_EQ(engine->Submit(too_many_logprobs).status().code(), absl::StatusCode::kInvalidArgument);
+  too_many_logprobs.logprobs = kMaxTopLogprobs;  // the twin
+  EXPECT_EQ(engine->Wait(*engine->Submit(too_many_logprobs))->logprobs.size(), 3u);
 
   GenerationRequest bad_token = Greedy("x", 3);
   bad_token.prompt.push_back(99999);
@@ -371,6 +415,101 @@ TEST(EngineTest, BadRequestsGetClearErrors) {
 
   // Nothing above disturbed the engine: a good request still runs.
   EXPECT_EQ(engine->Wait(*engine->Submit(Greedy("fine", 3)))->tokens.size(), 3u);
+}
+
+// LogSoftmax is the definition, in double: what every logprob the engine reports must match.
+std::vector<double> LogSoftmax(const std::vector<float>& logits) {
+  double max = -INFINITY, sum = 0;
+  for (float x : logits) max = std::max(max, double{x});
+  for (float x : logits) sum += std::exp(double{x} - max);
+  std::vector<double> out;
+  for (float x : logits) out.push_back(double{x} - max - std::log(sum));
+  return out;
+}
+
+// ExpectLogprobsOfTheModel checks every reported entry of `r` (for `prompt` + r.tokens) against
+// log_softmax of the reference decoder's logits at that position: the token there, its logprob
+// and the top `top_n`, most likely first.
+void ExpectLogprobsOfTheModel(const std::vector<int>& prompt, const GenerationResult& r,
+                              int top_n) {
+  auto ref = *testing::ReferenceDecoder::Load(**MakeBuiltinSource("tiny", 1));
+  std::vector<int> seq = prompt;
+  seq.insert(seq.end(), r.tokens.begin(), r.tokens.end());
+  const size_t P = prompt.size();
+  ASSERT_EQ(r.prompt_logprobs.size(), P - 1);
+  ASSERT_EQ(r.logprobs.size(), r.tokens.size());
+  for (size_t pos = 0; pos + 1 < seq.size(); ++pos) {
+    const std::vector<double> want = LogSoftmax(ref.Forward(seq[pos], static_cast<int>(pos)));
+    const TokenLogprobs& got = pos + 1 < P ? r.prompt_logprobs[pos] : r.logprobs[pos + 1 - P];
+    EXPECT_EQ(got.token, seq[pos + 1]) << pos;
+    EXPECT_NEAR(got.logprob, want[size_t(got.token)], 1e-3) << pos;
+    ASSERT_EQ(got.top.size(), size_t(top_n)) << pos;
+    if (top_n == 0) continue;
+    const double best = *std::max_element(want.begin(), want.end());
+    EXPECT_NEAR(got.top[0].logprob, best, 1e-3) << pos;
+    for (size_t k = 0; k < got.top.size(); ++k) {
+      EXPECT_NEAR(got.top[k].logprob, want[size_t(got.top[k].token)], 1e-3) << pos;
+      if (k > 0) {
+        EXPECT_LE(got.top[k].logprob, got.top[k - 1].logprob) << pos;
+      }
+    }
+    // Greedy: each generated token is the most likely one.
+    if (pos + 1 >= P) {
+      EXPECT_EQ(got.top[0].token, got.token) << pos;
+    }
+  }
+}
+
+TEST(EngineTest, LogprobsAreTheModelsLogSoftmax) {
+  // One prefill chunk, and a prompt prefilled in chunks of at most 16 tokens beside a decoding
+  // request (each chunk's rows come out of its own forward pass).
+  EngineOptions chunked;
+  chunked.step_tokens = 16;
+  chunked.partial_prefill_tokens = 16;
+  for (const std::string& prompt :
+       {std::string("Once upon a time"),
+        std::string("A longer prompt, prefilled in chunks: ") + std::string(40, 'z')}) {
+    auto engine = MakeEngine(64, 8, chunked);
+    const RequestId other = *engine->Submit(Greedy("decoding beside it", 30));
+    GenerationRequest g = Greedy(prompt, 6);
+    g.logprobs = 3;
+    g.prompt_logprobs = true;
+    const GenerationResult r = *engine->Wait(*engine->Submit(g));
+    EXPECT_EQ(r.reason, FinishReason::kLength);
+    ExpectLogprobsOfTheModel(g.prompt, r, 3);
+    // The twin without logprobs: the same tokens, nothing reported.
+    const GenerationResult plain = *engine->Wait(*engine->Submit(Greedy(prompt, 6)));
+    EXPECT_EQ(plain.tokens, r.tokens);
+    EXPECT_TRUE(plain.logprobs.empty());
+    EXPECT_TRUE(plain.prompt_logprobs.empty());
+    EXPECT_EQ(engine->Wait(other)->tokens.size(), 30u);
+  }
+}
+
+TEST(EngineTest, MaxTokensZeroScoresThePromptOnly) {
+  auto engine = MakeEngine(64);
+  GenerationRequest g = Greedy("Score this text", 0);
+  g.logprobs = 0;
+  g.prompt_logprobs = true;
+  const GenerationResult r = *engine->Wait(*engine->Submit(g));
+  EXPECT_EQ(r.reason, FinishReason::kLength);
+  EXPECT_TRUE(r.tokens.empty());
+  EXPECT_TRUE(r.text.empty());
+  ExpectLogprobsOfTheModel(g.prompt, r, 0);
+  // Generating from the same prompt reports the same prompt logprobs.
+  g.max_tokens = 2;
+  const GenerationResult more = *engine->Wait(*engine->Submit(g));
+  ASSERT_EQ(more.prompt_logprobs.size(), r.prompt_logprobs.size());
+  for (size_t i = 0; i < r.prompt_logprobs.size(); ++i) {
+    EXPECT_EQ(more.prompt_logprobs[i].logprob, r.prompt_logprobs[i].logprob);
+  }
+  EXPECT_EQ(more.tokens.size(), 2u);
+  // Without prompt_logprobs, max_tokens 0 prefills and returns nothing.
+  const GenerationResult none = *engine->Wait(*engine->Submit(Greedy("Score this text", 0)));
+  EXPECT_EQ(none.reason, FinishReason::kLength);
+  EXPECT_TRUE(none.tokens.empty());
+  EXPECT_TRUE(none.prompt_logprobs.empty());
+  EXPECT_EQ(engine->stats().free_pages, engine->stats().total_pages);
 }
 
 TEST(EngineTest, SeededSamplingIsReproducible) {

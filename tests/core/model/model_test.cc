@@ -199,6 +199,39 @@ TEST(ModelTest, AMixedBatchEqualsEachChunkAlone) {
   EXPECT_GT(MaxAbsDiff(a0, other.data()), 1e-4);
 }
 
+// Chunk::token_logits: every row of a prefill chunk, in a pass beside a decode token, is the
+// reference decoder's logits at its position; the last is the chunk's own row of `logits`, and
+// the decode token's row is what it is without them.
+TEST(ModelTest, TokenLogitsAreEveryRowsLogits) {
+  kernels::ThreadPool tp(2);
+  Loaded l = Load("tiny", WeightFormat::kFp32, WeightFormat::kFp32, KvDtype::kFp32, &tp);
+  const ModelConfig& c = l.model->config();
+  const size_t V = static_cast<size_t>(c.vocab_size);
+  auto ref = *testing::ReferenceDecoder::Load(*l.source);
+  std::vector<int> prompt, other = {5, 6, 7};
+  for (int i = 0; i < 13; ++i) prompt.push_back((i * 37 + 11) % 256);
+  std::vector<PageGrant> g0, g1;
+  ASSERT_TRUE(l.pool->table().GrantMany(Owner{0, 1}, 1, &g0).ok());
+  ASSERT_TRUE(l.pool->table().GrantMany(Owner{0, 2}, 1, &g1).ok());
+  std::vector<float> scratch(V);
+  ASSERT_TRUE(l.model->Prefill(other, g1, *l.pool, scratch.data(), &tp).ok());
+  const int next = 9;
+  std::vector<float> rows(prompt.size() * V), out(2 * V, -1.0f), plain(2 * V, -1.0f);
+  std::vector<Model::Chunk> step = {
+      {.tokens = prompt, .pos = 0, .pages = g0, .prefill = true, .token_logits = rows.data()},
+      {.tokens = std::span(&next, 1), .pos = 3, .pages = g1, .prefill = false}};
+  ASSERT_TRUE(l.model->Forward(step, *l.pool, out.data(), &tp).ok());
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    const std::vector<float> want = ref.Forward(prompt[i], static_cast<int>(i));
+    EXPECT_LE(MaxAbsDiff(want, &rows[i * V]), 1e-4) << "row " << i;
+  }
+  EXPECT_TRUE(std::equal(out.begin(), out.begin() + V, rows.end() - V));
+  // The twin without token_logits: the same pass, the same rows of `logits`.
+  step[0].token_logits = nullptr;
+  ASSERT_TRUE(l.model->Forward(step, *l.pool, plain.data(), &tp).ok());
+  EXPECT_EQ(plain, out);
+}
+
 TEST(ModelTest, PrefillChecksItsWritePagesBeforeEveryLayer) {
   const TinyModel& t = Fp32Tiny();
   Model& model = *t.model;

@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <string>
+#include <vector>
 
 namespace kvguard::core {
 namespace {
@@ -17,6 +19,7 @@ RequestLimits Limits() {
   l.max_tokens = 100;
   l.default_max_tokens = 16;
   l.max_prompt_bytes = 64;
+  l.vocab_size = 300;
   return l;
 }
 
@@ -46,8 +49,17 @@ TEST(OpenAiApiTest, RefusesBadRequests) {
       {"no prompt", false, R"({"model": "small"})", 400, "prompt", "invalid_value"},
       {"prompt not string", false, R"({"model": "small", "prompt": 5})", 400, "prompt",
        "invalid_type"},
-      {"token prompt", false, R"({"model": "small", "prompt": [1, 2]})", 400, "prompt",
+      {"mixed token prompt", false, R"({"model": "small", "prompt": [1, "a"]})", 400, "prompt",
        "invalid_type"},
+      {"float token", false, R"({"model": "small", "prompt": [1, 2.5]})", 400, "prompt",
+       "invalid_type"},
+      {"token outside the vocabulary", false, R"({"model": "small", "prompt": [1, 300]})", 400,
+       "prompt", "invalid_value"},
+      {"negative token", false, R"({"model": "small", "prompt": [[-1]]})", 400, "prompt",
+       "invalid_value"},
+      {"two token prompts", false, R"({"model": "small", "prompt": [[1], [2]]})", 400, "prompt",
+       "invalid_type"},
+      {"no tokens", false, R"({"model": "small", "prompt": [[]]})", 400, "prompt", "invalid_value"},
       {"empty prompt", false, R"({"model": "small", "prompt": ""})", 400, "prompt",
        "invalid_value"},
       {"prompt too long", false, R"({"model": "small", "prompt": ")" + std::string(65, 'x') + "\"}",
@@ -82,6 +94,30 @@ TEST(OpenAiApiTest, RefusesBadRequests) {
        "ignore_eos", "invalid_type"},
       {"stream type", false, R"({"model": "small", "prompt": "hi", "stream": "yes"})", 400,
        "stream", "invalid_type"},
+      {"logprobs 6", false, R"({"model": "small", "prompt": "hi", "logprobs": 6})", 400, "logprobs",
+       "invalid_value"},
+      {"logprobs negative", false, R"({"model": "small", "prompt": "hi", "logprobs": -1})", 400,
+       "logprobs", "invalid_value"},
+      {"logprobs bool", false, R"({"model": "small", "prompt": "hi", "logprobs": true})", 400,
+       "logprobs", "invalid_type"},
+      {"echo type", false, R"({"model": "small", "prompt": "hi", "echo": 1})", 400, "echo",
+       "invalid_type"},
+      {"max_tokens 0 without echo", false,
+       R"({"model": "small", "prompt": "hi", "max_tokens": 0, "logprobs": 1})", 400, "max_tokens",
+       "invalid_value"},
+      {"echo on chat", true,
+       R"({"model": "small", "messages": [{"role": "user", "content": "x"}], "echo": true})", 400,
+       "echo", "unsupported_parameter"},
+      {"chat logprobs int", true,
+       R"({"model": "small", "messages": [{"role": "user", "content": "x"}], "logprobs": 2})", 400,
+       "logprobs", "invalid_type"},
+      {"top_logprobs without logprobs", true,
+       R"({"model": "small", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})",
+       400, "top_logprobs", "invalid_value"},
+      {"top_logprobs 21", true,
+       R"({"model": "small", "messages": [{"role": "user", "content": "x"}], "logprobs": true,
+           "top_logprobs": 21})",
+       400, "top_logprobs", "invalid_value"},
       {"no messages", true, R"({"model": "small"})", 400, "messages", "invalid_value"},
       {"empty messages", true, R"({"model": "small", "messages": []})", 400, "messages",
        "invalid_type"},
@@ -118,6 +154,7 @@ TEST(OpenAiApiTest, AcceptsValidRequests) {
                 R"({"model": "small", "prompt": "h\u00e9", "max_tokens": 100, "temperature": 0,
                     "top_p": 0.5, "seed": 7, "stop": ["a", "b", "c", "d"], "stream": true,
                     "stream_options": {"include_usage": true}, "user": "ignored", "n": 1,
+                    "best_of": 1, "presence_penalty": 0, "frequency_penalty": 0,
                     "ignore_eos": true})",
                 false, Limits(), &r),
             std::nullopt);
@@ -148,6 +185,206 @@ TEST(OpenAiApiTest, AcceptsValidRequests) {
   EXPECT_TRUE(r.chat);
   EXPECT_EQ(r.max_tokens, 1);
   EXPECT_EQ(r.prompt, "system: Be brief.\nuser: Hi!\nassistant: ");
+}
+
+// A parameter the server does not implement, and its twin at the value that changes nothing
+// (or the same request without it): the first is refused with its name, the second accepted.
+struct UnsupportedCase {
+  bool chat;
+  std::string field;     // `"name": value` added to a valid request
+  std::string param;     // the error's param
+  std::string code;      // the error's code
+  std::string accepted;  // the twin: `"name": value` the server accepts ("" = leave it out)
+};
+
+std::string WithField(bool chat, const std::string& field) {
+  const std::string base =
+      chat ? R"({"model": "small", "messages": [{"role": "user", "content": "hi"}])"
+           : R"({"model": "small", "prompt": "hi")";
+  return field.empty() ? base + "}" : base + ", " + field + "}";
+}
+
+const UnsupportedCase kUnsupported[] = {
+    {false, R"("best_of": 3)", "best_of", "unsupported_value", R"("best_of": 1)"},
+    {false, R"("frequency_penalty": 0.5)", "frequency_penalty", "unsupported_value",
+     R"("frequency_penalty": 0)"},
+    {true, R"("presence_penalty": -1)", "presence_penalty", "unsupported_value",
+     R"("presence_penalty": 0.0)"},
+    {false, R"("logit_bias": {"50256": -100})", "logit_bias", "unsupported_value",
+     R"("logit_bias": {"50256": 0})"},
+    {true, R"("logit_bias": {"1": 5})", "logit_bias", "unsupported_value", R"("logit_bias": {})"},
+    {false, R"("suffix": "end")", "suffix", "unsupported_value", R"("suffix": "")"},
+    {true, R"("response_format": {"type": "json_object"})", "response_format", "unsupported_value",
+     R"("response_format": {"type": "text"})"},
+    {true, R"("tools": [{"type": "function", "function": {"name": "f"}}])", "tools",
+     "unsupported_parameter", R"("tools": null)"},
+    {true, R"("tool_choice": "auto")", "tool_choice", "unsupported_value",
+     R"("tool_choice": "none")"},
+    {true, R"("functions": [{"name": "f"}])", "functions", "unsupported_parameter", ""},
+    {true, R"("function_call": "auto")", "function_call", "unsupported_value",
+     R"("function_call": "none")"},
+    {true, R"("parallel_tool_calls": 1)", "parallel_tool_calls", "unsupported_value",
+     R"("parallel_tool_calls": false)"},
+    {true, R"("store": true)", "store", "unsupported_value", R"("store": false)"},
+    {true, R"("metadata": {"a": 1})", "metadata", "unsupported_value", R"("metadata": {"a": "b"})"},
+    {true, R"("service_tier": "flex")", "service_tier", "unsupported_value",
+     R"("service_tier": "auto")"},
+    {true, R"("modalities": ["text", "audio"])", "modalities", "unsupported_value",
+     R"("modalities": ["text"])"},
+    {true, R"("audio": {"voice": "alloy", "format": "wav"})", "audio", "unsupported_parameter", ""},
+    {true, R"("prediction": {"type": "content", "content": "x"})", "prediction",
+     "unsupported_parameter", ""},
+    {true, R"("reasoning_effort": "low")", "reasoning_effort", "unsupported_parameter", ""},
+    {true, R"("verbosity": "low")", "verbosity", "unsupported_parameter", ""},
+    {true, R"("web_search_options": {})", "web_search_options", "unsupported_parameter", ""},
+    {true, R"("user": 5)", "user", "unsupported_value", R"("user": "u1")"},
+    {true, R"("safety_identifier": 5)", "safety_identifier", "unsupported_value",
+     R"("safety_identifier": "s")"},
+    {true, R"("prompt_cache_key": 5)", "prompt_cache_key", "unsupported_value",
+     R"("prompt_cache_key": "k")"},
+    {false, R"("stream_options": {"include_obfuscation": true})",
+     "stream_options.include_obfuscation", "unsupported_value",
+     R"("stream_options": {"include_obfuscation": false})"},
+    {false, R"("stream_options": {"chunk_size": 4})", "stream_options.chunk_size",
+     "unsupported_parameter", R"("stream_options": {"include_usage": false})"},
+    // Not OpenAI's (vLLM's and others' extensions), or OpenAI's on the other endpoint.
+    {false, R"("top_k": 40)", "top_k", "unsupported_parameter", ""},
+    {true, R"("repetition_penalty": 1.1)", "repetition_penalty", "unsupported_parameter", ""},
+    {false, R"("tenant": "beta")", "tenant", "unsupported_parameter", ""},
+    {false, R"("tools": [])", "tools", "unsupported_parameter", ""},
+    {true, R"("suffix": "")", "suffix", "unsupported_parameter", ""},
+    {true, R"("best_of": 1)", "best_of", "unsupported_parameter", ""},
+};
+
+TEST(OpenAiApiTest, RefusesUnimplementedParameters) {
+  for (const UnsupportedCase& c : kUnsupported) {
+    CompletionRequest out;
+    std::optional<ApiError> e =
+        ParseCompletionRequest(WithField(c.chat, c.field), c.chat, Limits(), &out);
+    ASSERT_TRUE(e.has_value()) << c.field;
+    EXPECT_EQ(e->status, 400) << c.field;
+    EXPECT_EQ(e->param, c.param) << c.field << ": " << e->message;
+    EXPECT_EQ(e->code, c.code) << c.field << ": " << e->message;
+    EXPECT_NE(e->message.find(c.param), std::string::npos) << e->message;
+    EXPECT_EQ(json::parse(ErrorBody(*e))["error"]["param"], c.param) << c.field;
+  }
+}
+
+TEST(OpenAiApiTest, AcceptsParametersAtTheirNoEffectValues) {
+  for (const UnsupportedCase& c : kUnsupported) {
+    CompletionRequest out;
+    std::optional<ApiError> e =
+        ParseCompletionRequest(WithField(c.chat, c.accepted), c.chat, Limits(), &out);
+    EXPECT_EQ(e, std::nullopt) << c.accepted << ": " << (e ? e->message : "");
+  }
+}
+
+TEST(OpenAiApiTest, RefusesUnimplementedMessageFields) {
+  CompletionRequest out;
+  std::optional<ApiError> e = ParseCompletionRequest(
+      R"({"model": "small", "messages": [{"role": "user", "content": "hi", "name": "bob"}]})", true,
+      Limits(), &out);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->param, "messages[0].name");
+  EXPECT_EQ(e->code, "unsupported_parameter");
+  // Null (as some clients send for absent fields) changes nothing.
+  EXPECT_EQ(ParseCompletionRequest(
+                R"({"model": "small", "messages": [{"role": "assistant", "content": "hi",
+                    "tool_calls": null, "refusal": null}]})",
+                true, Limits(), &out),
+            std::nullopt);
+}
+
+TEST(OpenAiApiTest, ReadsTokenIdPrompts) {
+  CompletionRequest r;
+  ASSERT_EQ(ParseCompletionRequest(R"({"model": "small", "prompt": [256, 104, 299]})", false,
+                                   Limits(), &r),
+            std::nullopt);
+  EXPECT_EQ(r.prompt_tokens, (std::vector<int>{256, 104, 299}));
+  EXPECT_TRUE(r.prompt.empty());
+  ASSERT_EQ(
+      ParseCompletionRequest(R"({"model": "small", "prompt": [[0, 7]]})", false, Limits(), &r),
+      std::nullopt);
+  EXPECT_EQ(r.prompt_tokens, (std::vector<int>{0, 7}));
+}
+
+TEST(OpenAiApiTest, ReadsLogprobsAndEcho) {
+  CompletionRequest r;
+  ASSERT_EQ(ParseCompletionRequest(R"({"model": "small", "prompt": "hi"})", false, Limits(), &r),
+            std::nullopt);
+  EXPECT_EQ(r.logprobs, -1);
+  EXPECT_FALSE(r.echo);
+  // lm-evaluation-harness's loglikelihood request.
+  ASSERT_EQ(
+      ParseCompletionRequest(
+          R"({"model": "small", "prompt": "hi", "echo": true, "logprobs": 1, "max_tokens": 0})",
+          false, Limits(), &r),
+      std::nullopt);
+  EXPECT_EQ(r.logprobs, 1);
+  EXPECT_TRUE(r.echo);
+  EXPECT_EQ(r.max_tokens, 0);
+  ASSERT_EQ(ParseCompletionRequest(R"({"model": "small", "prompt": "hi", "logprobs": 0})", false,
+                                   Limits(), &r),
+            std::nullopt);
+  EXPECT_EQ(r.logprobs, 0);
+  const std::string chat = R"({"model": "small", "messages": [{"role": "user", "content": "x"}])";
+  ASSERT_EQ(ParseCompletionRequest(chat + R"(, "logprobs": true, "top_logprobs": 20})", true,
+                                   Limits(), &r),
+            std::nullopt);
+  EXPECT_EQ(r.logprobs, 20);
+  ASSERT_EQ(ParseCompletionRequest(chat + R"(, "logprobs": true})", true, Limits(), &r),
+            std::nullopt);
+  EXPECT_EQ(r.logprobs, 0);
+  ASSERT_EQ(ParseCompletionRequest(chat + R"(, "logprobs": false, "top_logprobs": null})", true,
+                                   Limits(), &r),
+            std::nullopt);
+  EXPECT_EQ(r.logprobs, -1);
+}
+
+TEST(OpenAiApiTest, LogprobsShapes) {
+  auto tokenizer = *ByteTokenizer::Create(300);
+  const int bos = tokenizer->bos_id();
+  // "é" is two byte tokens, neither valid UTF-8 alone.
+  const std::vector<int> echoed = {bos, 'h', 0xC3, 0xA9};
+  const std::vector<TokenLogprobs> echoed_logprobs = {{'h', -1.5f, {{'a', -0.5f}}},
+                                                      {0xC3, -2.0f, {{0xC3, -2.0f}}},
+                                                      {0xA9, -0.25f, {{0xA9, -0.25f}}}};
+  const std::vector<TokenLogprobs> generated = {
+      {'!', -std::numeric_limits<float>::infinity(), {{'?', -0.1f}}}};
+  CompletionRequest r;
+  r.logprobs = 1;
+  int64_t offset = 0;
+  json lp = LogprobsJson(r, *tokenizer, echoed, echoed_logprobs, generated, &offset);
+  EXPECT_EQ(lp["tokens"], json::array({"", "h", "bytes:\\xc3", "bytes:\\xa9", "!"}));
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  EXPECT_EQ(lp["token_logprobs"][1], -1.5f);
+  EXPECT_EQ(lp["top_logprobs"][1], (json{{"a", -0.5f}}));
+  EXPECT_EQ(lp["token_logprobs"][4], -9999.0f);  // -inf
+  // Offsets in code points of "hé!": the second byte of é starts nothing.
+  EXPECT_EQ(lp["text_offset"], json::array({0, 0, 1, 2, 2}));
+  EXPECT_EQ(offset, 3);
+  // Without echo: the generated tokens alone, from the offset carried over.
+  lp = LogprobsJson(r, *tokenizer, {}, {}, generated, &offset);
+  EXPECT_EQ(lp["text_offset"], json::array({3}));
+  EXPECT_EQ(lp["tokens"], json::array({"!"}));
+
+  r.chat = true;
+  lp = LogprobsJson(r, *tokenizer, {}, {}, echoed_logprobs, &offset);
+  ASSERT_EQ(lp["content"].size(), 3u);
+  EXPECT_TRUE(lp["refusal"].is_null());
+  EXPECT_EQ(lp["content"][0]["token"], "h");
+  EXPECT_EQ(lp["content"][0]["logprob"], -1.5f);
+  EXPECT_EQ(lp["content"][0]["bytes"], json::array({'h'}));
+  EXPECT_EQ(lp["content"][0]["top_logprobs"],
+            json::array({{{"token", "a"}, {"logprob", -0.5f}, {"bytes", json::array({'a'})}}}));
+  EXPECT_EQ(lp["content"][1]["bytes"], json::array({0xC3}));
+  // The body carries it; without logprobs the field is null.
+  json body = CompletionBody(r, "c", 5, "x", "stop", Usage{1, 1}, lp);
+  EXPECT_EQ(body["choices"][0]["logprobs"], lp);
+  EXPECT_TRUE(
+      CompletionBody(r, "c", 5, "x", "stop", Usage{1, 1})["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(ChunkBody(r, "c", 5, "x", std::nullopt, false, lp)["choices"][0]["logprobs"], lp);
 }
 
 TEST(OpenAiApiTest, BearerToken) {
