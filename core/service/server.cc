@@ -224,16 +224,29 @@ struct Server::Impl {
     return c->tenants[*t];
   }
 
-  bool AdminAuthorized(const httplib::Request& req, httplib::Response& res) const {
+  // HasAdminKey returns whether the request carries the admin key.
+  bool HasAdminKey(const httplib::Request& req) const {
     const std::string header = req.get_header_value("Authorization");  // outlives `key`
     std::optional<std::string_view> key = BearerToken(header);
-    if (key && options.admin_key_digest &&
-        DigestsEqual(KeyDigestOf(*key), *options.admin_key_digest)) {
-      return true;
-    }
+    return key && options.admin_key_digest &&
+           DigestsEqual(KeyDigestOf(*key), *options.admin_key_digest);
+  }
+
+  bool AdminAuthorized(const httplib::Request& req, httplib::Response& res) const {
+    if (HasAdminKey(req)) return true;
     Reply(res, Error(401, "invalid_request_error", "invalid_api_key",
                      "the admin API needs the admin key"));
     return false;
+  }
+
+  // MetricsAuthorized returns whether the request may read /metrics and /readyz's detail.
+  bool MetricsAuthorized(const httplib::Request& req) const {
+    return options.metrics_auth == MetricsAuth::kNone || HasAdminKey(req);
+  }
+
+  bool Ready() const {
+    std::lock_guard<std::mutex> lock(mu);
+    return !draining;
   }
 
   void HandleCompletion(const httplib::Request& req, httplib::Response& res, bool chat);
@@ -575,7 +588,11 @@ absl::Status Server::Impl::Reload(std::string* summary) {
 }
 
 void Server::Impl::SetupAdmin() {
-  admin.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+  admin.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!MetricsAuthorized(req)) {
+      return Reply(res, Error(401, "invalid_request_error", "invalid_api_key",
+                              "/metrics needs the admin key (--metrics-auth admin)"));
+    }
     res.set_content(RenderMetrics(), kPrometheusContentType);
   });
   admin.Get("/admin/tenants", [this](const httplib::Request& req, httplib::Response& res) {
@@ -780,6 +797,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(Engine* engine,
   impl->engine = engine;
   impl->tokenizer = std::move(tokenizer);
   impl->options = std::move(options);
+  impl->options.metrics_auth =
+      ResolveMetricsAuth(impl->options.metrics_auth, impl->options.admin_host);
   impl->config = std::make_shared<const ServiceConfig>(std::move(config));
   for (const ServiceTenant& t : impl->config->tenants) impl->tenants[t.name];
   // (Not a structured binding: clang 14 cannot capture one in the lambda below.)
@@ -823,20 +842,33 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(Engine* engine,
     s->Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
       res.set_content("{\"status\":\"ok\"}", "application/json");
     });
-    s->Get("/readyz", [raw](const httplib::Request&, httplib::Response& res) {
-      bool draining;
-      {
-        std::lock_guard<std::mutex> lock(raw->mu);
-        draining = raw->draining;
-      }
-      const absl::Status audit = raw->engine->guard().sink().Healthy();
-      res.status = draining ? 503 : 200;
-      res.set_content(Dump(json{{"ready", !draining},
-                                {"draining", draining},
-                                {"audit_log", audit.ok() ? "ok" : std::string(audit.message())}}),
-                      "application/json");
+    s->set_pre_routing_handler([raw](const httplib::Request& req, httplib::Response& res) {
+      std::optional<std::string> over = CheckHeaders(req.headers, raw->options.header_limits);
+      if (!over) return httplib::Server::HandlerResponse::Unhandled;
+      Reply(res, Error(431, "invalid_request_error", "request_header_fields_too_large", *over));
+      res.set_header("Connection", "close");  // the body (if any) was never read
+      return httplib::Server::HandlerResponse::Handled;
     });
   }
+  // The API's /readyz says ready or not and nothing else: the audit log's error text names
+  // files, which is the operator's business (the admin listener's /readyz, and stderr).
+  impl->api.Get("/readyz", [raw = impl.get()](const httplib::Request&, httplib::Response& res) {
+    const bool ready = raw->Ready();
+    res.status = ready ? 200 : 503;
+    res.set_content(Dump(json{{"ready", ready}}), "application/json");
+  });
+  impl->admin.Get("/readyz",
+                  [raw = impl.get()](const httplib::Request& req, httplib::Response& res) {
+                    const bool ready = raw->Ready();
+                    res.status = ready ? 200 : 503;
+                    json body = {{"ready", ready}};
+                    if (raw->MetricsAuthorized(req)) {
+                      const absl::Status audit = raw->engine->guard().sink().Healthy();
+                      body["draining"] = !ready;
+                      body["audit_log"] = audit.ok() ? "ok" : std::string(audit.message());
+                    }
+                    res.set_content(Dump(body), "application/json");
+                  });
   impl->SetupApi();
   impl->SetupAdmin();
   return std::unique_ptr<Server>(new Server(std::move(impl)));

@@ -5,7 +5,10 @@ import os
 import subprocess
 import time
 
-from conftest import ADMIN_KEY, KVGUARD, MODEL, TENANTS, digest, write_tenants
+import httpx
+import pytest
+
+from conftest import ADMIN_KEY, KVGUARD, MODEL, TENANTS, Server, digest, write_tenants
 
 
 def wait_for_records(server, *filters, n=1, timeout=10):
@@ -100,3 +103,48 @@ def test_rotate_tag_key_audited(server):
     assert records[-1]["actor"] == "admin"
     # Requests still verify under the new key.
     assert server.client("beta").completions.create(model=MODEL, prompt="x", max_tokens=3)
+
+
+@pytest.fixture(scope="module")
+def exposed_admin(tmp_path_factory):
+    """A server whose admin listener is not loopback-only (0.0.0.0), with no --metrics-auth:
+    /metrics then needs the admin key by default."""
+    s = Server(tmp_path_factory.mktemp("exposed"), extra=("--admin-host", "0.0.0.0"))
+    yield s
+    assert s.stop() == 0, s.stderr_path.read_text()
+
+
+def test_metrics_need_the_admin_key_off_loopback(exposed_admin):
+    s = exposed_admin
+    for headers in ({}, {"Authorization": "Bearer wrong"},
+                    {"Authorization": f"Bearer {TENANTS['acme']['key']}"}):
+        r = httpx.get(s.admin + "/metrics", headers=headers, timeout=10)
+        assert r.status_code == 401, (headers, r.text)
+        assert "kvguard_tenant_in_flight" not in r.text
+        assert r.json()["error"]["code"] == "invalid_api_key"
+    r = s.admin_call("GET", "/metrics")
+    assert r.status_code == 200
+    assert "kvguard_tenant_in_flight" in r.text
+    # /readyz there: ready or not to anyone, the detail only with the key.
+    assert httpx.get(s.admin + "/readyz", timeout=10).json() == {"ready": True}
+    assert s.admin_call("GET", "/readyz").json()["audit_log"] == "ok"
+
+
+def test_metrics_auth_flag_overrides_the_default(tmp_path):
+    s = Server(tmp_path, extra=("--metrics-auth", "admin"))  # loopback, key required anyway
+    try:
+        assert httpx.get(s.admin + "/metrics", timeout=10).status_code == 401
+        assert s.admin_call("GET", "/metrics").status_code == 200
+    finally:
+        assert s.stop() == 0, s.stderr_path.read_text()
+
+
+def test_metrics_open_on_loopback_by_default(server):
+    r = httpx.get(server.admin + "/metrics", timeout=10)
+    assert r.status_code == 200 and "kvguard_requests_total" in r.text
+
+
+def test_bad_metrics_auth_flag_is_refused(tmp_path):
+    out = subprocess.run([KVGUARD, "serve", "--metrics-auth", "sometimes", "--tenants", "x"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "--metrics-auth" in out.stderr
