@@ -1,11 +1,10 @@
 #include "isolation/tenant_policy.h"
 
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "audit/private_file.h"
 #include "nlohmann/json.hpp"
 
 namespace kvguard::isolation {
@@ -131,12 +130,14 @@ absl::StatusOr<TenantPolicy> TenantPolicy::Parse(std::string_view text,
   return policy;
 }
 
+absl::StatusOr<std::string> ReadTenantsFile(const std::string& path) {
+  return audit::ReadPrivateFile("tenant config", path, kMaxTenantsFileBytes);
+}
+
 absl::StatusOr<TenantPolicy> TenantPolicy::LoadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read tenant config ", path));
-  std::ostringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<TenantPolicy> p = Parse(text.str());
+  absl::StatusOr<std::string> text = ReadTenantsFile(path);
+  if (!text.ok()) return text.status();
+  absl::StatusOr<TenantPolicy> p = Parse(*text);
   if (!p.ok())
     return absl::Status(p.status().code(), absl::StrCat(path, ": ", p.status().message()));
   return p;

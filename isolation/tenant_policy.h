@@ -10,7 +10,8 @@
 // No page is ever shared across sessions in this engine (the ownership table has one owner
 // per page), so "the strictest mode among a page's users" is always its one owner's mode.
 //
-// Config file (JSON; unknown keys are errors, so a typo never silently weakens a tenant):
+// Config file (JSON; unknown keys are errors, so a typo never silently weakens a tenant; mode
+// 0600 and owned by the user the process runs as, see ReadTenantsFile):
 //   {"tenants": [{"name": "acme", "mode": "strict", "quarantine_after": 3},
 //                {"name": "beta"}]}
 #ifndef KVGUARD_ISOLATION_TENANT_POLICY_H_
@@ -48,9 +49,19 @@ struct TenantPolicy {
   // limits, core/service/service_config.h): they are skipped here, and that layer checks them.
   static absl::StatusOr<TenantPolicy> Parse(std::string_view json,
                                             std::span<const std::string_view> extension_keys = {});
-  // LoadFile reads and parses `path`; NotFound / the parse error, prefixed with the path.
+  // LoadFile reads `path` (ReadTenantsFile) and parses it; ReadTenantsFile's errors, or the
+  // parse error prefixed with the path.
   static absl::StatusOr<TenantPolicy> LoadFile(const std::string& path);
 };
+
+// ReadTenantsFile returns the text of tenants file `path`, the one reader of that file (the
+// service's config reads it through here too). The file decides who is which tenant and how
+// strictly each is checked, so it gets the key files' checks (audit::ReadPrivateFile): a
+// regular file, not a symbolic link, owned by this process's user, no access for group or
+// others (chmod 600). NotFound ("cannot read tenant config PATH") if absent,
+// FailedPrecondition naming what to fix, InvalidArgument past kMaxTenantsFileBytes.
+inline constexpr size_t kMaxTenantsFileBytes = size_t{8} << 20;
+absl::StatusOr<std::string> ReadTenantsFile(const std::string& path);
 
 }  // namespace kvguard::isolation
 

@@ -8,9 +8,7 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -95,12 +93,12 @@ absl::Status CreateDemoTenants(const std::string& path, const std::string& admin
   return absl::OkStatus();
 }
 
+// ReadAdminKeyDigest returns the digest in the admin key file: whoever can write it holds the
+// admin API, so it gets the key files' checks (audit::ReadPrivateFile).
 absl::StatusOr<core::KeyDigest> ReadAdminKeyDigest(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read admin key file ", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  std::string digest = text.str();
+  absl::StatusOr<std::string> text = audit::ReadPrivateFile("admin key file", path, 4096);
+  if (!text.ok()) return text.status();
+  std::string digest = *std::move(text);
   while (!digest.empty() && (digest.back() == '\n' || digest.back() == ' ')) digest.pop_back();
   absl::StatusOr<core::KeyDigest> d = core::ParseDigestText(digest);
   if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", d.status().message()));

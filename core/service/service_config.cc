@@ -2,9 +2,6 @@
 
 #include <openssl/crypto.h>
 
-#include <fstream>
-#include <sstream>
-
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
@@ -124,11 +121,9 @@ absl::StatusOr<ServiceConfig> ServiceConfig::Parse(std::string_view text) {
 }
 
 absl::StatusOr<ServiceConfig> ServiceConfig::LoadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read tenant config ", path));
-  std::ostringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<ServiceConfig> c = Parse(text.str());
+  absl::StatusOr<std::string> text = isolation::ReadTenantsFile(path);
+  if (!text.ok()) return text.status();
+  absl::StatusOr<ServiceConfig> c = Parse(*text);
   if (!c.ok()) {
     return absl::Status(c.status().code(), absl::StrCat(path, ": ", c.status().message()));
   }

@@ -148,3 +148,61 @@ def test_bad_metrics_auth_flag_is_refused(tmp_path):
     out = subprocess.run([KVGUARD, "serve", "--metrics-auth", "sometimes", "--tenants", "x"],
                          capture_output=True, text=True)
     assert out.returncode == 2 and "--metrics-auth" in out.stderr
+
+
+def serve_refuses(tmp_path, tenants_mode=0o600, admin_mode=0o600, link=False):
+    """Runs `kvguard serve` on files with these modes; returns (exit code, stderr) if it exits
+    at once, or None if it started (then stops it)."""
+    tenants = tmp_path / "tenants.json"
+    write_tenants(tenants)
+    os.chmod(tenants, tenants_mode)
+    admin = tmp_path / "admin.key"
+    admin.write_text(digest(ADMIN_KEY) + "\n")
+    os.chmod(admin, admin_mode)
+    if link:
+        os.symlink(tenants, tmp_path / "link.json")
+        tenants = tmp_path / "link.json"
+    proc = subprocess.Popen([KVGUARD, "serve", "--model", MODEL, "--kv-cache-bytes", "16M",
+                             "--tenants", str(tenants), "--admin-key-file", str(admin),
+                             "--port", "0", "--admin-port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()  # the listening line, or EOF when it exits
+    if "listening on" in line:
+        proc.terminate()
+        proc.communicate(timeout=60)
+        return None
+    _, err = proc.communicate(timeout=60)
+    return proc.returncode, err
+
+
+@pytest.mark.parametrize("what", ["tenants 0644", "tenants 0620", "admin key 0666", "symlink"])
+def test_serve_refuses_tenants_and_admin_key_files_others_can_touch(tmp_path, what):
+    kw = {"tenants 0644": dict(tenants_mode=0o644), "tenants 0620": dict(tenants_mode=0o620),
+          "admin key 0666": dict(admin_mode=0o666), "symlink": dict(link=True)}[what]
+    result = serve_refuses(tmp_path, **kw)
+    assert result is not None, f"served with {what}"
+    code, err = result
+    assert code == 1
+    assert ("symbolic link" in err) if what == "symlink" else ("chmod 600" in err), err
+
+
+def test_serve_takes_private_files(tmp_path):
+    """The twin: the same files, 0600 and ours, are served."""
+    assert serve_refuses(tmp_path) is None
+
+
+def test_reload_refuses_a_tenants_file_others_can_write(server):
+    tenants = {k: dict(v) for k, v in TENANTS.items()}
+    tenants["acme"]["mode"] = "off"
+    write_tenants(server.tenants_file, tenants=tenants)
+    os.chmod(server.tenants_file, 0o666)
+    try:
+        r = server.admin_call("POST", "/admin/reload")
+        assert r.status_code == 409, r.text
+        assert "chmod 600" in r.json()["error"]["message"]
+        listed = {t["id"]: t["mode"] for t in server.admin_call("GET", "/admin/tenants")
+                  .json()["tenants"]}
+        assert listed["acme"] == "enforce"
+    finally:
+        write_tenants(server.tenants_file)  # 0600 again
+    assert server.admin_call("POST", "/admin/reload").status_code == 200
