@@ -148,6 +148,9 @@ struct Server::Impl {
   int api_port = 0, admin_port = 0;
   int api_fd = -1, admin_fd = -1;  // the listening sockets (see Start)
 
+  // Serialises the admin API's changes (reload, mode PUT, key rotation): each is validated,
+  // recorded and applied before the next begins.
+  std::mutex admin_mu;
   mutable std::mutex mu;
   std::condition_variable cv;
   std::shared_ptr<const ServiceConfig> config;  // replaced whole by reload
@@ -503,16 +506,19 @@ json Server::Impl::TenantsJson() const {
   return json{{"tenants", out}};
 }
 
-// Reload reads the tenants file again and applies it: modes through Guard::SetMode (audited
-// mode_change), keys and limits with one config_change record per tenant that changed. The set
-// of tenants cannot change at run time (the engine's tenant ids are fixed at start):
-// FailedPrecondition, and nothing applied.
+// Reload reads the tenants file again and applies it all or nothing: the file is read and
+// checked whole, every change is recorded (mode_change through the guard, one config_change per
+// tenant whose keys or limits changed), durably, and only then are the modes and the new config
+// applied together (Guard::ApplyChanges). A record that fails applies nothing. The set of
+// tenants cannot change at run time (the engine's tenant ids are fixed at start):
+// FailedPrecondition, and nothing applied. Callers hold admin_mu.
 absl::Status Server::Impl::Reload(std::string* summary) {
   if (options.tenants_file.empty()) {
     return absl::FailedPreconditionError("the server was started without a tenants file");
   }
-  absl::StatusOr<ServiceConfig> next = ServiceConfig::LoadFile(options.tenants_file);
-  if (!next.ok()) return next.status();
+  absl::StatusOr<ServiceConfig> loaded = ServiceConfig::LoadFile(options.tenants_file);
+  if (!loaded.ok()) return loaded.status();
+  auto next = std::make_shared<const ServiceConfig>(*std::move(loaded));
   std::shared_ptr<const ServiceConfig> current = Config();
   if (next->tenants.size() != current->tenants.size()) {
     return absl::FailedPreconditionError(
@@ -526,6 +532,8 @@ absl::Status Server::Impl::Reload(std::string* summary) {
     }
   }
   std::vector<std::string> changes;
+  std::vector<isolation::Guard::ModeChange> modes;
+  std::vector<isolation::AuditEvent> records;
   isolation::Guard& guard = engine->guard();
   for (size_t i = 0; i < next->tenants.size(); ++i) {
     const ServiceTenant& before = current->tenants[i];
@@ -533,9 +541,7 @@ absl::Status Server::Impl::Reload(std::string* summary) {
     const isolation::Mode mode_before = guard.mode(*guard.ResolveTenant(before.name));
     const isolation::Mode mode_after = next->policy.tenants[i].mode;
     if (mode_before != mode_after) {
-      if (absl::Status s = guard.SetMode(after.name, mode_after, "admin:reload"); !s.ok()) {
-        return s;
-      }
+      modes.push_back({after.name, mode_after});
       changes.push_back(absl::StrCat(after.name, ".mode ", isolation::ModeName(mode_before), " -> ",
                                      isolation::ModeName(mode_after)));
     }
@@ -563,25 +569,21 @@ absl::Status Server::Impl::Reload(std::string* summary) {
     if (!detail.empty()) {
       isolation::AuditEvent e;
       e.type = isolation::AuditEvent::Type::kConfigChange;
-      e.unix_nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                         std::chrono::system_clock::now().time_since_epoch())
-                         .count();
       e.tenant = after.name;
       e.mode = isolation::ModeName(mode_after);
       e.actor = "admin:reload";
       e.detail = absl::StrJoin(detail, "; ");
-      if (absl::Status s = guard.sink().Append(e); !s.ok()) {
-        return absl::Status(s.code(), absl::StrCat("the change to tenant '", after.name,
-                                                   "' could not be recorded, so it was not "
-                                                   "applied: ",
-                                                   s.message()));
-      }
       changes.push_back(absl::StrCat(after.name, ": ", e.detail));
+      records.push_back(std::move(e));
     }
   }
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    config = std::make_shared<const ServiceConfig>(*std::move(next));
+  if (absl::Status s = guard.ApplyChanges(modes, std::move(records), "admin:reload",
+                                          [&] {
+                                            std::lock_guard<std::mutex> lock(mu);
+                                            config = next;
+                                          });
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("reload not applied: ", s.message()));
   }
   *summary = changes.empty() ? "no changes" : absl::StrJoin(changes, "; ");
   return absl::OkStatus();
@@ -625,6 +627,7 @@ void Server::Impl::SetupAdmin() {
       return Reply(res, Error(404, "invalid_request_error", "tenant_not_found",
                               std::string(id.status().message())));
     }
+    std::lock_guard<std::mutex> serial(admin_mu);
     const isolation::Mode before = guard.mode(*id);
     if (absl::Status s = guard.SetMode(tenant, *mode, "admin"); !s.ok()) {
       return Reply(res, Error(503, "server_error", "audit_unavailable", std::string(s.message())));
@@ -637,16 +640,23 @@ void Server::Impl::SetupAdmin() {
   admin.Post("/admin/reload", [this](const httplib::Request& req, httplib::Response& res) {
     if (!AdminAuthorized(req, res)) return;
     std::string summary;
+    std::lock_guard<std::mutex> serial(admin_mu);
     if (absl::Status s = Reload(&summary); !s.ok()) {
-      const int status = s.code() == absl::StatusCode::kUnavailable ? 503 : 409;
+      // The file's fault (unreadable, refused, malformed, another tenant set): 409. Anything
+      // else is the audit log's (a change that cannot be recorded is not applied): 503.
+      const bool file =
+          absl::IsFailedPrecondition(s) || absl::IsInvalidArgument(s) || absl::IsNotFound(s);
       return Reply(
-          res, Error(status, "invalid_request_error", "reload_refused", std::string(s.message())));
+          res, file
+                   ? Error(409, "invalid_request_error", "reload_refused", std::string(s.message()))
+                   : Error(503, "server_error", "audit_unavailable", std::string(s.message())));
     }
     res.set_content(Dump(json{{"reloaded", true}, {"changes", summary}}), "application/json");
   });
   admin.Post("/admin/rotate-tag-key", [this](const httplib::Request& req, httplib::Response& res) {
     if (!AdminAuthorized(req, res)) return;
     isolation::Guard& guard = engine->guard();
+    std::lock_guard<std::mutex> serial(admin_mu);
     const isolation::KeyId before = guard.keys().active_id();
     absl::StatusOr<isolation::KeyId> id = guard.RotateKey("admin");
     if (!id.ok()) {
