@@ -50,6 +50,13 @@ TenantPolicy TenantPolicy::Default() {
 
 absl::StatusOr<TenantPolicy> TenantPolicy::Parse(std::string_view text,
                                                  std::span<const std::string_view> extension_keys) {
+  return Parse(text, extension_keys,
+               [](size_t, std::string_view, const nlohmann::json&) { return absl::OkStatus(); });
+}
+
+absl::StatusOr<TenantPolicy> TenantPolicy::Parse(std::string_view text,
+                                                 std::span<const std::string_view> extension_keys,
+                                                 ExtensionHandler on_extension) {
   // No exceptions: parse with allow_exceptions = false and check every type before reading.
   // JSON lets a key repeat and nlohmann keeps the last; here a repeat is an error, or
   // {"mode": "strict", "mode": "off"} would quietly run a tenant with checks off.
@@ -119,6 +126,8 @@ absl::StatusOr<TenantPolicy> TenantPolicy::Parse(std::string_view text,
       } else if (std::find(extension_keys.begin(), extension_keys.end(), key) ==
                  extension_keys.end()) {
         return absl::InvalidArgumentError(absl::StrCat(where, ": unknown key '", key, "'"));
+      } else if (absl::Status e = on_extension(i, key, value); !e.ok()) {
+        return e;
       }
     }
     if (!has_name) return absl::InvalidArgumentError(absl::StrCat(where, " has no name"));

@@ -22,7 +22,9 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
+#include "nlohmann/json_fwd.hpp"
 
 namespace kvguard::isolation {
 
@@ -49,6 +51,17 @@ struct TenantPolicy {
   // limits, core/service/service_config.h): they are skipped here, and that layer checks them.
   static absl::StatusOr<TenantPolicy> Parse(std::string_view json,
                                             std::span<const std::string_view> extension_keys = {});
+  // ExtensionHandler receives each extension key's value as the one parse of the document
+  // meets it: the tenant's index, the key and the value. An error it returns ends the parse
+  // with that error.
+  using ExtensionHandler = absl::FunctionRef<absl::Status(size_t tenant, std::string_view key,
+                                                          const nlohmann::json& value)>;
+  // Parse(json, extension_keys, on_extension) is Parse that hands the extension keys' values
+  // to `on_extension` (ServiceConfig::Parse reads its keys and limits this way), so the file
+  // is parsed once, by this parser, with its checks (no repeated keys, among them).
+  static absl::StatusOr<TenantPolicy> Parse(std::string_view json,
+                                            std::span<const std::string_view> extension_keys,
+                                            ExtensionHandler on_extension);
   // LoadFile reads `path` (ReadTenantsFile) and parses it; ReadTenantsFile's errors, or the
   // parse error prefixed with the path.
   static absl::StatusOr<TenantPolicy> LoadFile(const std::string& path);

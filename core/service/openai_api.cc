@@ -5,6 +5,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "core/text/tokenizer.h"  // IsValidUtf8, the one UTF-8 validator
 
 namespace kvguard::core {
 namespace {
@@ -23,37 +24,6 @@ ApiError WrongType(const std::string& param, const char* want) {
   ApiError e = Invalid(param, absl::StrCat("'", param, "' must be ", want));
   e.code = "invalid_type";
   return e;
-}
-
-// IsValidUtf8 checks well-formed UTF-8 (no overlongs, surrogates or code points > U+10FFFF).
-bool IsValidUtf8(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    int n = 0;
-    uint32_t min = 0, cp = 0;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if ((c & 0xE0) == 0xC0) {
-      n = 1, min = 0x80, cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      n = 2, min = 0x800, cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      n = 3, min = 0x10000, cp = c & 0x07;
-    } else {
-      return false;
-    }
-    for (int k = 1; k <= n; ++k) {
-      if (i + static_cast<size_t>(k) >= s.size()) return false;
-      const auto cc = static_cast<unsigned char>(s[i + k]);
-      if ((cc & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    i += static_cast<size_t>(n) + 1;
-  }
-  return true;
 }
 
 // ReadNumber reads an optional number field into *out; an error if present and not a number
