@@ -905,8 +905,21 @@ absl::Status Server::Start() {
   for (int fd : {m.api_fd, m.admin_fd}) {
     if (fd >= 0) ::listen(fd, SOMAXCONN);
   }
-  m.api_thread = std::thread([&m] { m.api.listen_after_bind(); });
-  m.admin_thread = std::thread([&m] { m.admin.listen_after_bind(); });
+  // httplib 0.11's stop() does nothing until listen_after_bind has begun, and then the
+  // listener runs on and Shutdown's join never returns (a SIGTERM right after start hung the
+  // server). So Start returns once both loops are running, or have already returned.
+  auto returned = std::make_shared<std::atomic<int>>(0);
+  m.api_thread = std::thread([&m, returned] {
+    m.api.listen_after_bind();
+    ++*returned;
+  });
+  m.admin_thread = std::thread([&m, returned] {
+    m.admin.listen_after_bind();
+    ++*returned;
+  });
+  while (!(m.api.is_running() && m.admin.is_running()) && returned->load() == 0) {
+    std::this_thread::yield();
+  }
   return absl::OkStatus();
 }
 
