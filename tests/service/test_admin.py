@@ -206,3 +206,21 @@ def test_reload_refuses_a_tenants_file_others_can_write(server):
     finally:
         write_tenants(server.tenants_file)  # 0600 again
     assert server.admin_call("POST", "/admin/reload").status_code == 200
+
+
+def test_a_downgrade_is_on_disk_when_the_reply_comes(server):
+    """enforce -> off weakens isolation: its record is fsync'd before the change applies, so it
+    is in the log's files the moment the reply arrives (no waiting for a batch)."""
+    before = len(server.audit_records("--type", "mode_change", "--tenant", "acme"))
+    r = server.admin_call("PUT", "/admin/tenants/acme/mode", json={"mode": "off"})
+    assert r.status_code == 200, r.text
+    try:
+        records = server.audit_records("--type", "mode_change", "--tenant", "acme")
+        assert len(records) == before + 1
+        assert (records[-1]["mode_from"], records[-1]["mode_to"]) == ("enforce", "off")
+    finally:
+        r = server.admin_call("PUT", "/admin/tenants/acme/mode", json={"mode": "enforce"})
+        assert r.status_code == 200, r.text
+    # The upgrade back is on disk at once too.
+    records = server.audit_records("--type", "mode_change", "--tenant", "acme")
+    assert (records[-1]["mode_from"], records[-1]["mode_to"]) == ("off", "enforce")
