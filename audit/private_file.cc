@@ -104,4 +104,31 @@ absl::Status CheckPrivateFile(std::string_view what, const std::string& path,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> ReadPrivateFile(std::string_view what, const std::string& path,
+                                            size_t max_bytes) {
+  const std::string w(what);
+  // O_NONBLOCK: opening a FIFO must not wait for a writer before fstat can refuse it.
+  FdCloser fd(open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (fd.get() < 0) {
+    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat("cannot read ", w, " ", path));
+    if (errno == ELOOP) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(w, " ", path, ": is a symbolic link; it must be a regular file"));
+    }
+    return absl::ErrnoToStatus(errno, absl::StrCat(w, ": open ", path));
+  }
+  struct stat st;
+  if (fstat(fd.get(), &st) != 0)
+    return absl::ErrnoToStatus(errno, absl::StrCat(w, ": fstat ", path));
+  if (absl::Status s = CheckPrivateFile(what, path, st); !s.ok()) return s;
+  std::string contents;
+  if (absl::Status s = ReadUpTo(fd.get(), max_bytes, contents); !s.ok()) {
+    if (absl::IsOutOfRange(s)) {
+      return absl::InvalidArgumentError(absl::StrCat(w, " ", path, ": ", s.message()));
+    }
+    return Prefix(s, absl::StrCat(w, ": read ", path));
+  }
+  return contents;
+}
+
 }  // namespace kvguard::audit

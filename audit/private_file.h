@@ -1,6 +1,7 @@
 // audit/private_file.h: files only this process's user may read: the page-tag key file
-// (isolation/tag_key.cc), the log's signing key (audit/signing_key.cc) and the log's own files
-// (audit/log.cc). One implementation of the checks and the durable writes they all need.
+// (isolation/tag_key.cc), the log's signing key (audit/signing_key.cc), the log's own files
+// (audit/log.cc), and the service's tenants and admin key digest files (ReadPrivateFile). One
+// implementation of the checks and the durable writes they all need.
 #ifndef KVGUARD_AUDIT_PRIVATE_FILE_H_
 #define KVGUARD_AUDIT_PRIVATE_FILE_H_
 
@@ -10,6 +11,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace kvguard::audit {
 
@@ -68,6 +70,15 @@ absl::Status WriteNewPrivateFile(const std::string& path, std::string_view conte
 // saying which and how to fix it otherwise.
 absl::Status CheckPrivateFile(std::string_view what, const std::string& path,
                               const struct stat& st);
+
+// ReadPrivateFile returns the contents of `path` (described to the user as `what`, e.g.
+// "tenants file") once it has been opened without following a symbolic link and its fstat has
+// passed CheckPrivateFile: the files that decide who may do what (tenants, the admin key's
+// digest) get the key files' checks. NotFound if there is no such file, FailedPrecondition for a
+// symbolic link or what CheckPrivateFile refuses, InvalidArgument past `max_bytes`, another
+// error if it cannot be read. Not for key material (the key files read into a SecretBuffer).
+absl::StatusOr<std::string> ReadPrivateFile(std::string_view what, const std::string& path,
+                                            size_t max_bytes);
 
 }  // namespace kvguard::audit
 

@@ -143,23 +143,26 @@ absl::StatusOr<std::vector<QueriedRecord>> Query(const std::string& dir,
 
 absl::StatusOr<std::vector<ViolationCount>> ViolationStats(const std::string& dir,
                                                            const RecordFilter& filter) {
-  RecordFilter f = filter;
-  if (f.type && *f.type != "violation") return std::vector<ViolationCount>{};
-  f.type = "violation";
-  std::map<std::tuple<int64_t, std::string, std::string>, uint64_t> counts;
-  absl::Status s = ScanRecords(dir, f, [&](const Line& record, std::string_view) {
+  const auto counted = [](std::string_view type) {
+    return type == "violation" || type == "release_rejected";
+  };
+  if (filter.type && !counted(*filter.type)) return std::vector<ViolationCount>{};
+  std::map<std::tuple<int64_t, std::string, std::string, std::string>, uint64_t> counts;
+  absl::Status s = ScanRecords(dir, filter, [&](const Line& record, std::string_view) {
     const Event& e = record.event;
+    if (!counted(e.type)) return absl::OkStatus();
     // Floor division: an hour starts at a multiple of kNsPerHour, before 1970 too.
     int64_t hour = e.time_ns / kNsPerHour;
     if (e.time_ns % kNsPerHour < 0) --hour;
-    ++counts[{hour * kNsPerHour, e.tenant.value_or(""), e.reason.value_or("")}];
+    ++counts[{hour * kNsPerHour, e.tenant.value_or(""), e.type, e.reason.value_or("")}];
     return absl::OkStatus();
   });
   if (!s.ok()) return s;
   std::vector<ViolationCount> out;
   out.reserve(counts.size());
   for (const auto& [key, n] : counts) {
-    out.push_back(ViolationCount{std::get<0>(key), std::get<1>(key), std::get<2>(key), n});
+    const auto& [hour, tenant, type, reason] = key;
+    out.push_back(ViolationCount{hour, tenant, type, reason, n});
   }
   return out;
 }

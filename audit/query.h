@@ -55,16 +55,18 @@ struct QueriedRecord {
 absl::StatusOr<std::vector<QueriedRecord>> Query(const std::string& dir,
                                                  const RecordFilter& filter);
 
-// ViolationCount is the number of violation records of one tenant and reason in one hour.
+// ViolationCount is the number of violation records of one type, tenant and reason in one hour.
 struct ViolationCount {
   int64_t hour_ns = 0;  // start of the UTC hour
   std::string tenant;   // "" when the record has none
+  std::string type;     // "violation" or "release_rejected"
   std::string reason;   // "" when the record has none
   uint64_t count = 0;
 };
 
-// ViolationStats returns the count of `violation` records passing `filter` per (hour, tenant,
-// reason), ordered by hour, then tenant, then reason; or ScanRecords's error.
+// ViolationStats returns the count of `violation` and `release_rejected` records (a refused
+// release is a violation found at release) passing `filter` per (hour, tenant, type, reason),
+// ordered by hour, then tenant, type and reason; or ScanRecords's error.
 absl::StatusOr<std::vector<ViolationCount>> ViolationStats(const std::string& dir,
                                                            const RecordFilter& filter);
 

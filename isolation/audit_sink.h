@@ -40,6 +40,10 @@ struct AuditEvent {
   std::string actor;                   // who asked for a mode change or rotation
   std::string key_fingerprint;         // kKeyRotated: the new key's fingerprint
   std::string detail;                  // quarantines: what was held (pages, violation count)
+  // durable: the sink returns OK only once the event is on stable storage (fsync'd), not in a
+  // batch still to be written. Every operator change (mode change, key rotation, config
+  // change) is durable: a crash must not lose the record of a weakening that then applied.
+  bool durable = false;
 };
 
 // AuditEventTypeName returns the stable snake_case name of `type`.

@@ -82,23 +82,61 @@ absl::Status Guard::Append(AuditEvent event) {
 }
 
 absl::Status Guard::SetMode(std::string_view tenant, Mode mode, std::string_view actor) {
+  const ModeChange change{std::string(tenant), mode};
+  absl::Status s = ApplyChanges({&change, 1}, {}, actor, [] {});
+  if (s.ok() || absl::IsNotFound(s)) return s;
+  return absl::Status(s.code(),
+                      absl::StrCat("mode change not recorded, so not applied: ", s.message()));
+}
+
+absl::Status Guard::ApplyChanges(std::span<const ModeChange> modes, std::vector<AuditEvent> records,
+                                 std::string_view actor, absl::FunctionRef<void()> apply) {
   std::lock_guard<std::mutex> serial(mode_change_mu_);
-  absl::StatusOr<TenantId> id = ResolveTenant(tenant);
-  if (!id.ok()) return id.status();
-  AuditEvent e;
-  e.type = AuditEvent::Type::kModeChange;
-  e.tenant = std::string(tenant);
-  e.mode_from = ModeName(this->mode(*id));
-  e.mode_to = ModeName(mode);
-  // A change into or out of strict is recorded as durably as a strict tenant's events.
-  e.mode = ModeName(mode == Mode::kStrict ? mode : this->mode(*id));
-  e.actor = std::string(actor);
-  if (absl::Status s = Append(std::move(e)); !s.ok()) {
-    return absl::Status(s.code(),
-                        absl::StrCat("mode change not recorded, so not applied: ", s.message()));
+  // Validate everything before recording anything.
+  std::vector<std::pair<TenantId, Mode>> to_apply;
+  std::vector<AuditEvent> events;
+  for (const ModeChange& c : modes) {
+    absl::StatusOr<TenantId> id = ResolveTenant(c.tenant);
+    if (!id.ok()) return id.status();
+    const Mode before = this->mode(*id);
+    to_apply.emplace_back(*id, c.mode);
+    AuditEvent e;
+    e.type = AuditEvent::Type::kModeChange;
+    e.tenant = c.tenant;
+    e.mode_from = ModeName(before);
+    e.mode_to = ModeName(c.mode);
+    e.mode = ModeName(c.mode == Mode::kStrict ? c.mode : before);
+    e.actor = std::string(actor);
+    events.push_back(std::move(e));
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  tenants_[*id - 1].settings.mode = mode;
+  for (AuditEvent& e : records) events.push_back(std::move(e));
+  for (size_t i = 0; i < events.size(); ++i) {
+    events[i].durable = true;
+    const absl::Status s = Append(events[i]);
+    if (s.ok()) continue;
+    if (i == 0) return s;
+    // Records 1..i are in the log and describe changes that will not happen: say so there too,
+    // if the sink takes it, and in the error in any case.
+    AuditEvent note;
+    note.type = AuditEvent::Type::kConfigChange;
+    note.actor = std::string(actor);
+    note.durable = true;
+    note.detail = absl::StrCat("not applied: the ", i, " change record(s) just before this one (",
+                               std::string(actor), ") were written, then record ", i + 1, " of ",
+                               events.size(), " failed, so none of them was applied");
+    const bool noted = Append(std::move(note)).ok();
+    return absl::Status(
+        s.code(),
+        absl::StrCat("record ", i + 1, " of ", events.size(), " failed (", s.message(),
+                     "), so nothing was applied; the ", i,
+                     " record(s) before it were written and describe changes that were not made",
+                     noted ? " (a record saying so follows them)" : ""));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [id, mode] : to_apply) tenants_[id - 1].settings.mode = mode;
+  }
+  apply();
   return absl::OkStatus();
 }
 
@@ -107,17 +145,28 @@ absl::StatusOr<KeyId> Guard::RotateKey(std::string_view actor) {
     return absl::UnavailableError(
         absl::StrCat("key rotation refused: the audit log cannot record it (", s.message(), ")"));
   }
-  absl::StatusOr<KeyId> id = keys_->Rotate();
-  if (!id.ok()) return id.status();
-  AuditEvent e;
-  e.type = AuditEvent::Type::kKeyRotated;
-  e.actor = std::string(actor);
-  absl::StatusOr<std::string> fp = keys_->Fingerprint(*id);
-  e.key_fingerprint = fp.ok() ? *fp : "?";
-  e.detail = absl::StrCat("key id ", *id);
-  if (absl::Status s = Append(std::move(e)); !s.ok()) {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++stats_.unrecorded;
+  std::lock_guard<std::mutex> serial(mode_change_mu_);
+  bool recorded = false;
+  absl::StatusOr<KeyId> id = keys_->Rotate([&](KeyId next,
+                                               const std::string& fingerprint) -> absl::Status {
+    AuditEvent e;
+    e.type = AuditEvent::Type::kKeyRotated;
+    e.actor = std::string(actor);
+    e.key_fingerprint = fingerprint;
+    e.detail = absl::StrCat("key id ", next);
+    e.durable = true;
+    if (absl::Status s = Append(std::move(e)); !s.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "key rotation not recorded, so not applied (the new key was discarded): ", s.message()));
+    }
+    recorded = true;
+    return absl::OkStatus();
+  });
+  if (!id.ok() && recorded) {
+    return absl::Status(id.status().code(),
+                        absl::StrCat("the key rotation was recorded but not applied (the old key "
+                                     "stays active): ",
+                                     id.status().message()));
   }
   return id;
 }

@@ -23,6 +23,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "isolation/audit_sink.h"
 #include "isolation/ownership_table.h"
@@ -71,13 +72,33 @@ class Guard {
   Mode mode(TenantId tenant) const;
 
   // SetMode changes a tenant's mode at run time; the engine applies it from its next step.
-  // The change is recorded first: if the sink cannot record it, nothing changes (the sink's
-  // error). NotFound for an unknown tenant.
+  // The change is recorded first, durably (AuditEvent::durable): if the sink cannot record it,
+  // nothing changes (the sink's error). NotFound for an unknown tenant.
   absl::Status SetMode(std::string_view tenant, Mode mode, std::string_view actor);
 
+  // ModeChange is one tenant's new mode, for ApplyChanges.
+  struct ModeChange {
+    std::string tenant;
+    Mode mode = Mode::kEnforce;
+  };
+
+  // ApplyChanges applies an operator's changes all together or not at all: first it records,
+  // in order and each durably, a mode_change (actor `actor`) for each of `modes` (a mode
+  // that stays the same included: the caller leaves out what it does not want recorded), then each
+  // of `records` (changes the caller applies itself, such as its config_change records; marked
+  // durable here); only once every record is in does it set the modes and call `apply` (the
+  // caller's own part), all under the lock that serialises mode changes, so no other change can
+  // interleave. NotFound, with nothing recorded, for an unknown tenant. If a record fails nothing
+  // is applied, and the error says so and how many of the records had been written before it (those
+  // describe changes that did not happen; a record saying so follows them if the sink takes one).
+  absl::Status ApplyChanges(std::span<const ModeChange> modes, std::vector<AuditEvent> records,
+                            std::string_view actor, absl::FunctionRef<void()> apply);
+
   // RotateKey makes a new tag key active (new grants use it; old tags stay valid until their
-  // pages are released) and records the rotation with the new key's fingerprint.
-  // Unavailable (and no rotation) while the sink cannot record.
+  // pages are released) once its rotation, with the new key's fingerprint, is durably
+  // recorded. If the record fails the new key is discarded and never used: Unavailable, and the
+  // ring is unchanged. (If the key file cannot be written after the record, the error says
+  // the rotation was recorded but not applied.)
   absl::StatusOr<KeyId> RotateKey(std::string_view actor);
 
   // RetireKey forgets an old key: FailedPrecondition while any page granted under it is still

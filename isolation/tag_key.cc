@@ -439,6 +439,11 @@ absl::StatusOr<std::unique_ptr<TagKeyRing>> TagKeyRing::LoadOrCreate(const std::
 }
 
 absl::StatusOr<KeyId> TagKeyRing::Rotate() {
+  return Rotate([](KeyId, const std::string&) { return absl::OkStatus(); });
+}
+
+absl::StatusOr<KeyId> TagKeyRing::Rotate(
+    absl::FunctionRef<absl::Status(KeyId id, const std::string& fingerprint)> record) {
   State& st = *state_;
   std::lock_guard<std::mutex> update(st.update_mu);
   // Only updaters (serialised by update_mu, which this call holds) change `keys`, so the
@@ -454,6 +459,7 @@ absl::StatusOr<KeyId> TagKeyRing::Rotate() {
   }
   absl::StatusOr<std::unique_ptr<Key>> key = Key::Random(active + 1);
   if (!key.ok()) return key.status();
+  if (absl::Status s = record(active + 1, (*key)->fingerprint); !s.ok()) return s;
   keys.push_back(key->get());
   if (absl::Status s = st.WriteFile(keys); !s.ok()) return s;
   std::unique_lock<RwLock> lock(st.mu);

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "kernels/formats.h"
@@ -80,6 +81,13 @@ class TagKeyRing {
   // (<path>.tmp, mode 0600, fsync, rename, fsync of the directory). Returns the new key id, or
   // an error with the ring unchanged (ResourceExhausted when the ids run out).
   absl::StatusOr<KeyId> Rotate();
+  // Rotate(record) is Rotate with a say before the change: once the new key exists, and before
+  // the file is written or the key used, it calls record(new id, new fingerprint); if that
+  // fails, the new key is discarded (cleansed) and its error returned with the ring unchanged.
+  // (Guard::RotateKey records the rotation in the audit log this way: a rotation that could
+  // not be recorded never takes effect.)
+  absl::StatusOr<KeyId> Rotate(
+      absl::FunctionRef<absl::Status(KeyId id, const std::string& fingerprint)> record);
 
   // Retire forgets key `id` and cleanses it; Derive with it fails from then on. The ownership
   // table compares the tags it stored at grant time, so pages granted under the key stay

@@ -1,11 +1,10 @@
 #include "isolation/tenant_policy.h"
 
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "audit/private_file.h"
 #include "nlohmann/json.hpp"
 
 namespace kvguard::isolation {
@@ -51,6 +50,13 @@ TenantPolicy TenantPolicy::Default() {
 
 absl::StatusOr<TenantPolicy> TenantPolicy::Parse(std::string_view text,
                                                  std::span<const std::string_view> extension_keys) {
+  return Parse(text, extension_keys,
+               [](size_t, std::string_view, const nlohmann::json&) { return absl::OkStatus(); });
+}
+
+absl::StatusOr<TenantPolicy> TenantPolicy::Parse(std::string_view text,
+                                                 std::span<const std::string_view> extension_keys,
+                                                 ExtensionHandler on_extension) {
   // No exceptions: parse with allow_exceptions = false and check every type before reading.
   // JSON lets a key repeat and nlohmann keeps the last; here a repeat is an error, or
   // {"mode": "strict", "mode": "off"} would quietly run a tenant with checks off.
@@ -120,6 +126,8 @@ absl::StatusOr<TenantPolicy> TenantPolicy::Parse(std::string_view text,
       } else if (std::find(extension_keys.begin(), extension_keys.end(), key) ==
                  extension_keys.end()) {
         return absl::InvalidArgumentError(absl::StrCat(where, ": unknown key '", key, "'"));
+      } else if (absl::Status e = on_extension(i, key, value); !e.ok()) {
+        return e;
       }
     }
     if (!has_name) return absl::InvalidArgumentError(absl::StrCat(where, " has no name"));
@@ -131,12 +139,14 @@ absl::StatusOr<TenantPolicy> TenantPolicy::Parse(std::string_view text,
   return policy;
 }
 
+absl::StatusOr<std::string> ReadTenantsFile(const std::string& path) {
+  return audit::ReadPrivateFile("tenant config", path, kMaxTenantsFileBytes);
+}
+
 absl::StatusOr<TenantPolicy> TenantPolicy::LoadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read tenant config ", path));
-  std::ostringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<TenantPolicy> p = Parse(text.str());
+  absl::StatusOr<std::string> text = ReadTenantsFile(path);
+  if (!text.ok()) return text.status();
+  absl::StatusOr<TenantPolicy> p = Parse(*text);
   if (!p.ok())
     return absl::Status(p.status().code(), absl::StrCat(path, ": ", p.status().message()));
   return p;

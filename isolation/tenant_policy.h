@@ -10,7 +10,8 @@
 // No page is ever shared across sessions in this engine (the ownership table has one owner
 // per page), so "the strictest mode among a page's users" is always its one owner's mode.
 //
-// Config file (JSON; unknown keys are errors, so a typo never silently weakens a tenant):
+// Config file (JSON; unknown keys are errors, so a typo never silently weakens a tenant; mode
+// 0600 and owned by the user the process runs as, see ReadTenantsFile):
 //   {"tenants": [{"name": "acme", "mode": "strict", "quarantine_after": 3},
 //                {"name": "beta"}]}
 #ifndef KVGUARD_ISOLATION_TENANT_POLICY_H_
@@ -21,7 +22,9 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
+#include "nlohmann/json_fwd.hpp"
 
 namespace kvguard::isolation {
 
@@ -48,9 +51,30 @@ struct TenantPolicy {
   // limits, core/service/service_config.h): they are skipped here, and that layer checks them.
   static absl::StatusOr<TenantPolicy> Parse(std::string_view json,
                                             std::span<const std::string_view> extension_keys = {});
-  // LoadFile reads and parses `path`; NotFound / the parse error, prefixed with the path.
+  // ExtensionHandler receives each extension key's value as the one parse of the document
+  // meets it: the tenant's index, the key and the value. An error it returns ends the parse
+  // with that error.
+  using ExtensionHandler = absl::FunctionRef<absl::Status(size_t tenant, std::string_view key,
+                                                          const nlohmann::json& value)>;
+  // Parse(json, extension_keys, on_extension) is Parse that hands the extension keys' values
+  // to `on_extension` (ServiceConfig::Parse reads its keys and limits this way), so the file
+  // is parsed once, by this parser, with its checks (no repeated keys, among them).
+  static absl::StatusOr<TenantPolicy> Parse(std::string_view json,
+                                            std::span<const std::string_view> extension_keys,
+                                            ExtensionHandler on_extension);
+  // LoadFile reads `path` (ReadTenantsFile) and parses it; ReadTenantsFile's errors, or the
+  // parse error prefixed with the path.
   static absl::StatusOr<TenantPolicy> LoadFile(const std::string& path);
 };
+
+// ReadTenantsFile returns the text of tenants file `path`, the one reader of that file (the
+// service's config reads it through here too). The file decides who is which tenant and how
+// strictly each is checked, so it gets the key files' checks (audit::ReadPrivateFile): a
+// regular file, not a symbolic link, owned by this process's user, no access for group or
+// others (chmod 600). NotFound ("cannot read tenant config PATH") if absent,
+// FailedPrecondition naming what to fix, InvalidArgument past kMaxTenantsFileBytes.
+inline constexpr size_t kMaxTenantsFileBytes = size_t{8} << 20;
+absl::StatusOr<std::string> ReadTenantsFile(const std::string& path);
 
 }  // namespace kvguard::isolation
 

@@ -33,7 +33,8 @@ constexpr char kUsage[] =
     "      kept from an earlier look, which the log must extend; --save-witness: keep this\n"
     "      log's last checkpoint line for next time\n"
     "  query DIR [FILTERS] [--json]    matching records as a table (--json: their lines)\n"
-    "  stats DIR [FILTERS]             violations per hour (UTC), tenant and reason\n"
+    "  stats DIR [FILTERS]             violations and refused releases per hour (UTC),\n"
+    "                                  tenant, type and reason\n"
     "  tail DIR [-n N] [-f]            the last N records (default 10); -f: then follow\n"
     "  export DIR --format csv|jsonl [FILTERS]\n"
     "                                  every matching record (jsonl: the lines as written)\n"
@@ -306,10 +307,10 @@ int Stats(const Flags& f) {
   std::vector<std::vector<std::string>> rows;
   for (const audit::ViolationCount& c : *counts) {
     rows.push_back({audit::FormatTime(c.hour_ns).substr(0, 13) + ":00Z",
-                    c.tenant.empty() ? "-" : Printable(c.tenant),
+                    c.tenant.empty() ? "-" : Printable(c.tenant), c.type,
                     c.reason.empty() ? "-" : Printable(c.reason), absl::StrCat(c.count)});
   }
-  PrintTable({"hour", "tenant", "reason", "count"}, rows, {3});
+  PrintTable({"hour", "tenant", "type", "reason", "count"}, rows, {4});
   return 0;
 }
 

@@ -8,8 +8,7 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,6 +47,11 @@ int ServeUsage(const std::string& error) {
       "  --shutdown-deadline-ms MS    on SIGTERM, in-flight requests get this long\n"
       "                               before they are cancelled (default 10000)\n"
       "  --log-prompts                put prompt text in request log lines (off)\n"
+      "  --metrics-auth admin|none    whether the admin listener's /metrics (and\n"
+      "                               /readyz detail) need the admin key (default:\n"
+      "                               admin unless --admin-host is loopback)\n"
+      "  --max-header-count N         header lines per request (default 100; more: 431)\n"
+      "  --max-header-bytes N         header bytes per request (default 32K; more: 431)\n"
       "%s",
       kEngineFlagsHelp);
   return error.empty() ? 0 : 2;
@@ -89,12 +93,12 @@ absl::Status CreateDemoTenants(const std::string& path, const std::string& admin
   return absl::OkStatus();
 }
 
+// ReadAdminKeyDigest returns the digest in the admin key file: whoever can write it holds the
+// admin API, so it gets the key files' checks (audit::ReadPrivateFile).
 absl::StatusOr<core::KeyDigest> ReadAdminKeyDigest(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read admin key file ", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  std::string digest = text.str();
+  absl::StatusOr<std::string> text = audit::ReadPrivateFile("admin key file", path, 4096);
+  if (!text.ok()) return text.status();
+  std::string digest = *std::move(text);
   while (!digest.empty() && (digest.back() == '\n' || digest.back() == ' ')) digest.pop_back();
   absl::StatusOr<core::KeyDigest> d = core::ParseDigestText(digest);
   if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat(path, ": ", d.status().message()));
@@ -148,6 +152,22 @@ int RunServe(const std::vector<std::string>& argv) {
       s = a.Int(&shutdown_deadline_ms, 0, 3600000);
     } else if (a.Flag("--log-prompts")) {
       so.log_prompts = true;
+    } else if (a.Flag("--metrics-auth")) {
+      s = a.Value(&v);
+      std::optional<core::MetricsAuth> auth = core::ParseMetricsAuth(v);
+      if (s.ok() && !auth) s = absl::InvalidArgumentError("--metrics-auth: admin or none");
+      if (auth) so.metrics_auth = *auth;
+    } else if (a.Flag("--max-header-count")) {
+      int n = 0;
+      s = a.Int(&n, 1, 10000);
+      if (s.ok()) so.header_limits.max_count = static_cast<size_t>(n);
+    } else if (a.Flag("--max-header-bytes")) {
+      s = a.Value(&v);
+      if (s.ok()) {
+        absl::StatusOr<size_t> b = core::ParseBytes(v);
+        s = b.status();
+        if (b.ok()) so.header_limits.max_bytes = *b;
+      }
     } else {
       return ServeUsage("unknown argument '" + a.peek() + "'");
     }

@@ -52,7 +52,7 @@ audit::Event ToAuditRecord(const isolation::AuditEvent& e) {
   if (!e.actor.empty()) r.actor = e.actor;
   if (!e.key_fingerprint.empty()) r.key_fingerprint = e.key_fingerprint;
   if (!e.detail.empty()) r.detail = e.detail;
-  r.durable = e.mode == "strict" || e.mode_from == "strict" || e.mode_to == "strict";
+  r.durable = e.durable || e.mode == "strict" || e.mode_from == "strict" || e.mode_to == "strict";
   return r;
 }
 

@@ -5,6 +5,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "core/text/tokenizer.h"  // IsValidUtf8, the one UTF-8 validator
 
 namespace kvguard::core {
 namespace {

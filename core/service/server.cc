@@ -153,6 +153,9 @@ struct Server::Impl {
   int api_port = 0, admin_port = 0;
   int api_fd = -1, admin_fd = -1;  // the listening sockets (see Start)
 
+  // Serialises the admin API's changes (reload, mode PUT, key rotation): each is validated,
+  // recorded and applied before the next begins.
+  std::mutex admin_mu;
   mutable std::mutex mu;
   std::condition_variable cv;
   std::shared_ptr<const ServiceConfig> config;  // replaced whole by reload
@@ -229,16 +232,29 @@ struct Server::Impl {
     return c->tenants[*t];
   }
 
-  bool AdminAuthorized(const httplib::Request& req, httplib::Response& res) const {
+  // HasAdminKey returns whether the request carries the admin key.
+  bool HasAdminKey(const httplib::Request& req) const {
     const std::string header = req.get_header_value("Authorization");  // outlives `key`
     std::optional<std::string_view> key = BearerToken(header);
-    if (key && options.admin_key_digest &&
-        DigestsEqual(KeyDigestOf(*key), *options.admin_key_digest)) {
-      return true;
-    }
+    return key && options.admin_key_digest &&
+           DigestsEqual(KeyDigestOf(*key), *options.admin_key_digest);
+  }
+
+  bool AdminAuthorized(const httplib::Request& req, httplib::Response& res) const {
+    if (HasAdminKey(req)) return true;
     Reply(res, Error(401, "invalid_request_error", "invalid_api_key",
                      "the admin API needs the admin key"));
     return false;
+  }
+
+  // MetricsAuthorized returns whether the request may read /metrics and /readyz's detail.
+  bool MetricsAuthorized(const httplib::Request& req) const {
+    return options.metrics_auth == MetricsAuth::kNone || HasAdminKey(req);
+  }
+
+  bool Ready() const {
+    std::lock_guard<std::mutex> lock(mu);
+    return !draining;
   }
 
   void HandleCompletion(const httplib::Request& req, httplib::Response& res, bool chat);
@@ -550,16 +566,19 @@ json Server::Impl::TenantsJson() const {
   return json{{"tenants", out}};
 }
 
-// Reload reads the tenants file again and applies it: modes through Guard::SetMode (audited
-// mode_change), keys and limits with one config_change record per tenant that changed. The set
-// of tenants cannot change at run time (the engine's tenant ids are fixed at start):
-// FailedPrecondition, and nothing applied.
+// Reload reads the tenants file again and applies it all or nothing: the file is read and
+// checked whole, every change is recorded (mode_change through the guard, one config_change per
+// tenant whose keys or limits changed), durably, and only then are the modes and the new config
+// applied together (Guard::ApplyChanges). A record that fails applies nothing. The set of
+// tenants cannot change at run time (the engine's tenant ids are fixed at start):
+// FailedPrecondition, and nothing applied. Callers hold admin_mu.
 absl::Status Server::Impl::Reload(std::string* summary) {
   if (options.tenants_file.empty()) {
     return absl::FailedPreconditionError("the server was started without a tenants file");
   }
-  absl::StatusOr<ServiceConfig> next = ServiceConfig::LoadFile(options.tenants_file);
-  if (!next.ok()) return next.status();
+  absl::StatusOr<ServiceConfig> loaded = ServiceConfig::LoadFile(options.tenants_file);
+  if (!loaded.ok()) return loaded.status();
+  auto next = std::make_shared<const ServiceConfig>(*std::move(loaded));
   std::shared_ptr<const ServiceConfig> current = Config();
   if (next->tenants.size() != current->tenants.size()) {
     return absl::FailedPreconditionError(
@@ -573,6 +592,8 @@ absl::Status Server::Impl::Reload(std::string* summary) {
     }
   }
   std::vector<std::string> changes;
+  std::vector<isolation::Guard::ModeChange> modes;
+  std::vector<isolation::AuditEvent> records;
   isolation::Guard& guard = engine->guard();
   for (size_t i = 0; i < next->tenants.size(); ++i) {
     const ServiceTenant& before = current->tenants[i];
@@ -580,9 +601,7 @@ absl::Status Server::Impl::Reload(std::string* summary) {
     const isolation::Mode mode_before = guard.mode(*guard.ResolveTenant(before.name));
     const isolation::Mode mode_after = next->policy.tenants[i].mode;
     if (mode_before != mode_after) {
-      if (absl::Status s = guard.SetMode(after.name, mode_after, "admin:reload"); !s.ok()) {
-        return s;
-      }
+      modes.push_back({after.name, mode_after});
       changes.push_back(absl::StrCat(after.name, ".mode ", isolation::ModeName(mode_before), " -> ",
                                      isolation::ModeName(mode_after)));
     }
@@ -610,32 +629,32 @@ absl::Status Server::Impl::Reload(std::string* summary) {
     if (!detail.empty()) {
       isolation::AuditEvent e;
       e.type = isolation::AuditEvent::Type::kConfigChange;
-      e.unix_nanos = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                         std::chrono::system_clock::now().time_since_epoch())
-                         .count();
       e.tenant = after.name;
       e.mode = isolation::ModeName(mode_after);
       e.actor = "admin:reload";
       e.detail = absl::StrJoin(detail, "; ");
-      if (absl::Status s = guard.sink().Append(e); !s.ok()) {
-        return absl::Status(s.code(), absl::StrCat("the change to tenant '", after.name,
-                                                   "' could not be recorded, so it was not "
-                                                   "applied: ",
-                                                   s.message()));
-      }
       changes.push_back(absl::StrCat(after.name, ": ", e.detail));
+      records.push_back(std::move(e));
     }
   }
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    config = std::make_shared<const ServiceConfig>(*std::move(next));
+  if (absl::Status s = guard.ApplyChanges(modes, std::move(records), "admin:reload",
+                                          [&] {
+                                            std::lock_guard<std::mutex> lock(mu);
+                                            config = next;
+                                          });
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("reload not applied: ", s.message()));
   }
   *summary = changes.empty() ? "no changes" : absl::StrJoin(changes, "; ");
   return absl::OkStatus();
 }
 
 void Server::Impl::SetupAdmin() {
-  admin.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+  admin.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
+    if (!MetricsAuthorized(req)) {
+      return Reply(res, Error(401, "invalid_request_error", "invalid_api_key",
+                              "/metrics needs the admin key (--metrics-auth admin)"));
+    }
     res.set_content(RenderMetrics(), kPrometheusContentType);
   });
   admin.Get("/admin/tenants", [this](const httplib::Request& req, httplib::Response& res) {
@@ -668,6 +687,7 @@ void Server::Impl::SetupAdmin() {
       return Reply(res, Error(404, "invalid_request_error", "tenant_not_found",
                               std::string(id.status().message())));
     }
+    std::lock_guard<std::mutex> serial(admin_mu);
     const isolation::Mode before = guard.mode(*id);
     if (absl::Status s = guard.SetMode(tenant, *mode, "admin"); !s.ok()) {
       return Reply(res, Error(503, "server_error", "audit_unavailable", std::string(s.message())));
@@ -680,16 +700,23 @@ void Server::Impl::SetupAdmin() {
   admin.Post("/admin/reload", [this](const httplib::Request& req, httplib::Response& res) {
     if (!AdminAuthorized(req, res)) return;
     std::string summary;
+    std::lock_guard<std::mutex> serial(admin_mu);
     if (absl::Status s = Reload(&summary); !s.ok()) {
-      const int status = s.code() == absl::StatusCode::kUnavailable ? 503 : 409;
+      // The file's fault (unreadable, refused, malformed, another tenant set): 409. Anything
+      // else is the audit log's (a change that cannot be recorded is not applied): 503.
+      const bool file =
+          absl::IsFailedPrecondition(s) || absl::IsInvalidArgument(s) || absl::IsNotFound(s);
       return Reply(
-          res, Error(status, "invalid_request_error", "reload_refused", std::string(s.message())));
+          res, file
+                   ? Error(409, "invalid_request_error", "reload_refused", std::string(s.message()))
+                   : Error(503, "server_error", "audit_unavailable", std::string(s.message())));
     }
     res.set_content(Dump(json{{"reloaded", true}, {"changes", summary}}), "application/json");
   });
   admin.Post("/admin/rotate-tag-key", [this](const httplib::Request& req, httplib::Response& res) {
     if (!AdminAuthorized(req, res)) return;
     isolation::Guard& guard = engine->guard();
+    std::lock_guard<std::mutex> serial(admin_mu);
     const isolation::KeyId before = guard.keys().active_id();
     absl::StatusOr<isolation::KeyId> id = guard.RotateKey("admin");
     if (!id.ok()) {
@@ -840,6 +867,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(Engine* engine,
   impl->engine = engine;
   impl->tokenizer = std::move(tokenizer);
   impl->options = std::move(options);
+  impl->options.metrics_auth =
+      ResolveMetricsAuth(impl->options.metrics_auth, impl->options.admin_host);
   impl->config = std::make_shared<const ServiceConfig>(std::move(config));
   for (const ServiceTenant& t : impl->config->tenants) impl->tenants[t.name];
   // (Not a structured binding: clang 14 cannot capture one in the lambda below.)
@@ -883,20 +912,33 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Create(Engine* engine,
     s->Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
       res.set_content("{\"status\":\"ok\"}", "application/json");
     });
-    s->Get("/readyz", [raw](const httplib::Request&, httplib::Response& res) {
-      bool draining;
-      {
-        std::lock_guard<std::mutex> lock(raw->mu);
-        draining = raw->draining;
-      }
-      const absl::Status audit = raw->engine->guard().sink().Healthy();
-      res.status = draining ? 503 : 200;
-      res.set_content(Dump(json{{"ready", !draining},
-                                {"draining", draining},
-                                {"audit_log", audit.ok() ? "ok" : std::string(audit.message())}}),
-                      "application/json");
+    s->set_pre_routing_handler([raw](const httplib::Request& req, httplib::Response& res) {
+      std::optional<std::string> over = CheckHeaders(req.headers, raw->options.header_limits);
+      if (!over) return httplib::Server::HandlerResponse::Unhandled;
+      Reply(res, Error(431, "invalid_request_error", "request_header_fields_too_large", *over));
+      res.set_header("Connection", "close");  // the body (if any) was never read
+      return httplib::Server::HandlerResponse::Handled;
     });
   }
+  // The API's /readyz says ready or not and nothing else: the audit log's error text names
+  // files, which is the operator's business (the admin listener's /readyz, and stderr).
+  impl->api.Get("/readyz", [raw = impl.get()](const httplib::Request&, httplib::Response& res) {
+    const bool ready = raw->Ready();
+    res.status = ready ? 200 : 503;
+    res.set_content(Dump(json{{"ready", ready}}), "application/json");
+  });
+  impl->admin.Get("/readyz",
+                  [raw = impl.get()](const httplib::Request& req, httplib::Response& res) {
+                    const bool ready = raw->Ready();
+                    res.status = ready ? 200 : 503;
+                    json body = {{"ready", ready}};
+                    if (raw->MetricsAuthorized(req)) {
+                      const absl::Status audit = raw->engine->guard().sink().Healthy();
+                      body["draining"] = !ready;
+                      body["audit_log"] = audit.ok() ? "ok" : std::string(audit.message());
+                    }
+                    res.set_content(Dump(body), "application/json");
+                  });
   impl->SetupApi();
   impl->SetupAdmin();
   return std::unique_ptr<Server>(new Server(std::move(impl)));
@@ -923,8 +965,21 @@ absl::Status Server::Start() {
   for (int fd : {m.api_fd, m.admin_fd}) {
     if (fd >= 0) ::listen(fd, SOMAXCONN);
   }
-  m.api_thread = std::thread([&m] { m.api.listen_after_bind(); });
-  m.admin_thread = std::thread([&m] { m.admin.listen_after_bind(); });
+  // httplib 0.11's stop() does nothing until listen_after_bind has begun, and then the
+  // listener runs on and Shutdown's join never returns (a SIGTERM right after start hung the
+  // server). So Start returns once both loops are running, or have already returned.
+  auto returned = std::make_shared<std::atomic<int>>(0);
+  m.api_thread = std::thread([&m, returned] {
+    m.api.listen_after_bind();
+    ++*returned;
+  });
+  m.admin_thread = std::thread([&m, returned] {
+    m.admin.listen_after_bind();
+    ++*returned;
+  });
+  while (!(m.api.is_running() && m.admin.is_running()) && returned->load() == 0) {
+    std::this_thread::yield();
+  }
   return absl::OkStatus();
 }
 

@@ -3,14 +3,19 @@
 //
 // Two listeners:
 //   * the API (ServerOptions::host:port): POST /v1/completions, POST /v1/chat/completions,
-//     GET /v1/models, GET /healthz, GET /readyz. Every /v1 request needs "Authorization:
+//     GET /v1/models, GET /healthz, GET /readyz ({"ready": true|false} and nothing else: no
+//     error text, no path). Every /v1 request needs "Authorization:
 //     Bearer KEY"; the key alone decides the tenant (ServiceConfig::Authenticate), and the
 //     engine request carries that tenant's name: nothing in a body can choose another
 //     tenant's identity, session (the engine numbers sessions) or cache namespace.
 //   * the admin API (admin_host:admin_port, 127.0.0.1 by default), with its own key:
 //     GET /admin/tenants, PUT /admin/tenants/{id}/mode, POST /admin/reload,
-//     POST /admin/rotate-tag-key; and GET /metrics (Prometheus text), /healthz, /readyz
-//     without a key. Every change is written to the audit log with before and after.
+//     POST /admin/rotate-tag-key; and GET /metrics (Prometheus text), /healthz, /readyz, which
+//     need the admin key unless ServerOptions::metrics_auth resolves to kNone (/readyz without
+//     it answers as the API's does; with it, it adds the audit log's state and error text).
+//     Every change is written to the audit log with before and after.
+// On both, a request with more header lines or bytes than ServerOptions::header_limits gets
+// 431 before any handler runs.
 // A request the isolation layer aborts gets, on its own connection, a 500 with code
 // kv_integrity_violation and the engine request id (= `request` in the audit record); the
 // others go on. Bad input gets a 4xx OpenAI error body; a client that vanishes mid-stream has
@@ -25,6 +30,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/engine/engine.h"
+#include "core/service/http_policy.h"
 #include "core/service/service_config.h"
 #include "core/text/tokenizer.h"
 
@@ -44,6 +50,10 @@ struct ServerOptions {
   int http_threads = 128;        // connections served at once (per listener)
   int default_max_tokens = 16;   // when a request names none (OpenAI's completions default)
   bool log_prompts = false;      // request log lines (stderr) carry no prompt text unless set
+  // Who may read the admin listener's GET /metrics and /readyz detail (http_policy.h); kAuto:
+  // the admin key unless admin_host is loopback.
+  MetricsAuth metrics_auth = MetricsAuth::kAuto;
+  HeaderLimits header_limits;  // both listeners; a request over them gets 431
 };
 
 class Server {

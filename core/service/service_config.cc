@@ -2,9 +2,6 @@
 
 #include <openssl/crypto.h>
 
-#include <fstream>
-#include <sstream>
-
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
@@ -18,6 +15,7 @@ namespace {
 constexpr std::string_view kExtensionKeys[] = {"api_keys", "limits"};
 constexpr char kDigestPrefix[] = "sha256:";
 constexpr size_t kDigestPrefixSize = sizeof(kDigestPrefix) - 1;
+constexpr char kNeedKeys[] = ".api_keys must be a non-empty array of \"sha256:<hex>\" digests";
 
 absl::Status ParseLimit(const nlohmann::json& value, const std::string& where, int lo, int* out) {
   if (!value.is_number_integer() || value.get<int64_t>() < lo ||
@@ -81,32 +79,29 @@ bool DigestsEqual(const KeyDigest& a, const KeyDigest& b) {
 }
 
 absl::StatusOr<ServiceConfig> ServiceConfig::Parse(std::string_view text) {
-  // The isolation layer checks the document (valid JSON, no repeated keys, known keys, names,
-  // modes); only then are the service's own keys read from it.
-  absl::StatusOr<isolation::TenantPolicy> policy =
-      isolation::TenantPolicy::Parse(text, kExtensionKeys);
-  if (!policy.ok()) return policy.status();
-  const nlohmann::json doc = nlohmann::json::parse(text.begin(), text.end(), nullptr, false);
+  // One parse, the isolation layer's (valid JSON, no repeated keys, known keys, names, modes);
+  // it hands this layer the values of its own keys as it meets them.
   ServiceConfig config;
-  config.policy = *std::move(policy);
+  std::vector<bool> has_keys;
   absl::flat_hash_set<std::string> all_digests;
-  const nlohmann::json& tenants = doc["tenants"];
-  for (size_t i = 0; i < tenants.size(); ++i) {
-    const nlohmann::json& t = tenants[i];
-    const std::string where = absl::StrCat("tenant config: tenants[", i, "]");
-    ServiceTenant st;
-    st.name = config.policy.tenants[i].name;
-    auto keys = t.find("api_keys");
-    if (keys == t.end() || !keys->is_array() || keys->empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, ".api_keys must be a non-empty array of \"sha256:<hex>\" digests"));
+  const auto on_extension = [&](size_t i, std::string_view key,
+                                const nlohmann::json& value) -> absl::Status {
+    if (config.tenants.size() <= i) {
+      config.tenants.resize(i + 1);
+      has_keys.resize(i + 1, false);
     }
-    for (size_t k = 0; k < keys->size(); ++k) {
-      const nlohmann::json& key = (*keys)[k];
+    ServiceTenant& st = config.tenants[i];
+    const std::string where = absl::StrCat("tenant config: tenants[", i, "]");
+    if (key == "limits") return ParseLimits(value, where + ".limits", &st.limits);
+    if (!value.is_array() || value.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(where, kNeedKeys));
+    }
+    for (size_t k = 0; k < value.size(); ++k) {
+      const nlohmann::json& digest = value[k];
       const std::string field = absl::StrCat(where, ".api_keys[", k, "]");
-      if (!key.is_string())
+      if (!digest.is_string())
         return absl::InvalidArgumentError(absl::StrCat(field, " is not a string"));
-      absl::StatusOr<KeyDigest> d = ParseDigestText(key.get_ref<const std::string&>());
+      absl::StatusOr<KeyDigest> d = ParseDigestText(digest.get_ref<const std::string&>());
       if (!d.ok())
         return absl::InvalidArgumentError(absl::StrCat(field, " ", d.status().message()));
       if (!all_digests.insert(DigestText(*d)).second) {
@@ -115,20 +110,28 @@ absl::StatusOr<ServiceConfig> ServiceConfig::Parse(std::string_view text) {
       }
       st.key_digests.push_back(*d);
     }
-    if (auto limits = t.find("limits"); limits != t.end()) {
-      if (absl::Status s = ParseLimits(*limits, where + ".limits", &st.limits); !s.ok()) return s;
+    has_keys[i] = true;
+    return absl::OkStatus();
+  };
+  absl::StatusOr<isolation::TenantPolicy> policy =
+      isolation::TenantPolicy::Parse(text, kExtensionKeys, on_extension);
+  if (!policy.ok()) return policy.status();
+  config.policy = *std::move(policy);
+  config.tenants.resize(config.policy.tenants.size());
+  has_keys.resize(config.policy.tenants.size(), false);
+  for (size_t i = 0; i < config.tenants.size(); ++i) {
+    if (!has_keys[i]) {
+      return absl::InvalidArgumentError(absl::StrCat("tenant config: tenants[", i, "]", kNeedKeys));
     }
-    config.tenants.push_back(std::move(st));
+    config.tenants[i].name = config.policy.tenants[i].name;
   }
   return config;
 }
 
 absl::StatusOr<ServiceConfig> ServiceConfig::LoadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read tenant config ", path));
-  std::ostringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<ServiceConfig> c = Parse(text.str());
+  absl::StatusOr<std::string> text = isolation::ReadTenantsFile(path);
+  if (!text.ok()) return text.status();
+  absl::StatusOr<ServiceConfig> c = Parse(*text);
   if (!c.ok()) {
     return absl::Status(c.status().code(), absl::StrCat(path, ": ", c.status().message()));
   }

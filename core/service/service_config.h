@@ -52,7 +52,8 @@ struct ServiceConfig {
   // Parse reads the JSON above. InvalidArgument naming the field (e.g.
   // "tenants[1].limits.kv_page_quota must be ...") for anything malformed.
   static absl::StatusOr<ServiceConfig> Parse(std::string_view json);
-  // LoadFile reads and parses `path`; NotFound / the parse error, prefixed with the path.
+  // LoadFile reads `path` through isolation::ReadTenantsFile (owner, mode 0600, no symbolic
+  // link) and parses it; ReadTenantsFile's errors, or the parse error prefixed with the path.
   static absl::StatusOr<ServiceConfig> LoadFile(const std::string& path);
 
   // Authenticate returns the index (in tenants) of the tenant whose key is `api_key`, or

@@ -198,20 +198,32 @@ TEST_F(QueryTest, EachFilterSelectsExactlyItsRecords) {
 }
 
 TEST_F(QueryTest, ViolationStatsCountPerHourTenantReason) {
-  std::map<std::tuple<int64_t, std::string, std::string>, uint64_t> want;
+  // Refused releases count too, apart from violations (regression: stats left them out).
+  std::map<std::tuple<int64_t, std::string, std::string, std::string>, uint64_t> want;
+  uint64_t rejected = 0;
   for (int i = 0; i < kEvents; ++i) {
     const Event e = MakeEvent(i);
-    if (e.type != "violation") continue;
-    ++want[{kBaseNs + (e.time_ns - kBaseNs) / kHourNs * kHourNs, *e.tenant, *e.reason}];
+    if (e.type != "violation" && e.type != "release_rejected") continue;
+    rejected += e.type == "release_rejected";
+    ++want[{kBaseNs + (e.time_ns - kBaseNs) / kHourNs * kHourNs, *e.tenant, e.type, *e.reason}];
   }
+  ASSERT_GT(rejected, 0u);
   absl::StatusOr<std::vector<ViolationCount>> got = ViolationStats(*dir_, {});
   ASSERT_TRUE(got.ok()) << got.status();
   ASSERT_EQ(got->size(), want.size());
   auto it = want.begin();
   for (const ViolationCount& c : *got) {
-    EXPECT_EQ(std::make_tuple(c.hour_ns, c.tenant, c.reason), it->first);
+    EXPECT_EQ(std::make_tuple(c.hour_ns, c.tenant, c.type, c.reason), it->first);
     EXPECT_EQ(c.count, it->second);
     ++it;
+  }
+  for (const char* type : {"release_rejected", "violation"}) {
+    RecordFilter only;
+    only.type = type;
+    got = ViolationStats(*dir_, only);
+    ASSERT_TRUE(got.ok());
+    EXPECT_FALSE(got->empty()) << type;
+    for (const ViolationCount& c : *got) EXPECT_EQ(c.type, type);
   }
   RecordFilter only_acme;
   only_acme.tenant = "acme";

@@ -77,9 +77,14 @@ class GuardTest : public ::testing::Test {
     table_ = std::make_unique<OwnershipTable>(16, keys_.get(),
                                               [this](int32_t p) { scrubbed_.push_back(p); });
     sink_ = std::make_shared<MemoryAuditSink>();
+    MakeGuard(sink_);
+  }
+  // MakeGuard (re)creates guard_ over the table and ring, reporting to `sink`.
+  void MakeGuard(std::shared_ptr<AuditSink> sink) {
+    guard_.reset();
     GuardOptions options;
     options.policy = Policy();
-    options.sink = sink_;
+    options.sink = std::move(sink);
     absl::StatusOr<std::unique_ptr<Guard>> guard =
         Guard::Create(std::move(options), table_.get(), keys_);
     ASSERT_TRUE(guard.ok()) << guard.status();
@@ -601,6 +606,143 @@ TEST_F(GuardTest, StrictTenantIsServedNoMoreAfterAnUnrecordedViolation) {
   ASSERT_TRUE(guard_->SetMode("beta", Mode::kEnforce, "root").ok());
   EXPECT_TRUE(guard_->Admit(kAcme).ok());
   EXPECT_EQ(Verify(kAcme2, other, Mode::kStrict), "ok");
+}
+
+}  // namespace
+}  // namespace kvguard::isolation
+
+namespace kvguard::isolation {
+namespace {
+
+// FailNthSink records events like MemoryAuditSink but fails the `n`th Append (1-based) while
+// reporting itself healthy: a write that fails although the probe said it would not.
+class FailNthSink final : public AuditSink {
+ public:
+  explicit FailNthSink(int n) : n_(n) {}
+  absl::Status Append(const AuditEvent& event) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (++calls_ == n_) return absl::UnavailableError("disk full (injected)");
+    events_.push_back(event);
+    return absl::OkStatus();
+  }
+  std::vector<AuditEvent> events() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return events_;
+  }
+
+ private:
+  const int n_;
+  mutable std::mutex mu_;
+  int calls_ = 0;
+  std::vector<AuditEvent> events_;
+};
+
+// OperatorChangeTest: GuardTest's guard over its key file, reporting to a FailNthSink.
+class OperatorChangeTest : public GuardTest {
+ protected:
+  void Make(int fail_at) {
+    fail_sink_ = std::make_shared<FailNthSink>(fail_at);
+    MakeGuard(fail_sink_);
+  }
+  std::string KeyFile() const {
+    std::ifstream in(KeyPath());
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+  // Changes: acme strict -> off, beta enforce -> off, and a config record for gamma.
+  absl::Status Apply(int* applied) {
+    const std::vector<Guard::ModeChange> modes = {{"acme", Mode::kOff}, {"beta", Mode::kOff}};
+    AuditEvent config;
+    config.type = Type::kConfigChange;
+    config.tenant = "gamma";
+    config.actor = "admin:reload";
+    config.detail = "limits.concurrent_requests 4 -> 8";
+    return guard_->ApplyChanges(modes, {config}, "admin:reload", [applied] { ++*applied; });
+  }
+
+  std::shared_ptr<FailNthSink> fail_sink_;
+};
+
+// A reload whose second record fails applies nothing, neither the mode already on the record
+// nor the caller's part, and says so; the record already written is followed by one saying it
+// was not applied. (Regression: reload applied each tenant's change as it was recorded, so a
+// later failure left the earlier ones applied under a "not applied" reply.)
+TEST_F(OperatorChangeTest, ApplyChangesWithAFailedRecordAppliesNothing) {
+  Make(/*fail_at=*/2);
+  int applied = 0;
+  const absl::Status s = Apply(&applied);
+  ASSERT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_NE(std::string(s.message()).find("record 2 of 3 failed"), std::string::npos) << s;
+  EXPECT_NE(std::string(s.message()).find("nothing was applied"), std::string::npos) << s;
+  EXPECT_EQ(applied, 0);
+  EXPECT_EQ(guard_->mode(kAcme), Mode::kStrict);
+  EXPECT_EQ(guard_->mode(kBeta), Mode::kEnforce);
+  std::vector<AuditEvent> events = fail_sink_->events();
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].type, Type::kModeChange);
+  EXPECT_EQ(events[0].tenant, "acme");
+  EXPECT_EQ(events[1].type, Type::kConfigChange);
+  EXPECT_NE(events[1].detail.find("none of them was applied"), std::string::npos);
+}
+
+TEST_F(OperatorChangeTest, ApplyChangesRecordsEveryChangeDurablyThenAppliesThemAll) {
+  Make(/*fail_at=*/0);  // twin: nothing fails
+  int applied = 0;
+  ASSERT_TRUE(Apply(&applied).ok());
+  EXPECT_EQ(applied, 1);
+  EXPECT_EQ(guard_->mode(kAcme), Mode::kOff);
+  EXPECT_EQ(guard_->mode(kBeta), Mode::kOff);
+  std::vector<AuditEvent> events = fail_sink_->events();
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(events[0].tenant, "acme");
+  EXPECT_EQ(events[0].mode_to, "off");
+  EXPECT_EQ(events[1].tenant, "beta");
+  EXPECT_EQ(events[2].type, Type::kConfigChange);
+  for (const AuditEvent& e : events) EXPECT_TRUE(e.durable) << AuditEventTypeName(e.type);
+  // An unknown tenant: NotFound, nothing recorded, nothing applied.
+  const Guard::ModeChange bad[] = {{"gamma", Mode::kStrict}, {"nobody", Mode::kOff}};
+  EXPECT_EQ(guard_->ApplyChanges(bad, {}, "x", [&] { ++applied; }).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(applied, 1);
+  EXPECT_EQ(guard_->mode(kGamma), Mode::kOff);
+  EXPECT_EQ(fail_sink_->events().size(), 3u);
+}
+
+// Downgrades are fsync'd before they apply: SetMode marks the record durable whatever the
+// modes (a downgrade between two non-strict modes included).
+TEST_F(OperatorChangeTest, ADowngradeIsRecordedDurably) {
+  Make(/*fail_at=*/0);
+  ASSERT_TRUE(guard_->SetMode("beta", Mode::kOff, "ops").ok());
+  std::vector<AuditEvent> events = fail_sink_->events();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].mode_from, "enforce");
+  EXPECT_EQ(events[0].mode_to, "off");
+  EXPECT_TRUE(events[0].durable);
+}
+
+// A rotation whose record fails is rolled back: the new key is never active, never in the
+// key file. (Regression: RotateKey kept a rotation whose audit record had failed.)
+TEST_F(OperatorChangeTest, ARotationWhoseRecordFailsNeverTakesEffect) {
+  Make(/*fail_at=*/1);
+  const std::string file_before = KeyFile();
+  absl::StatusOr<KeyId> id = guard_->RotateKey("ops");
+  ASSERT_EQ(id.status().code(), absl::StatusCode::kUnavailable) << id.status();
+  EXPECT_NE(std::string(id.status().message()).find("not applied"), std::string::npos);
+  EXPECT_EQ(keys_->active_id(), 1u);
+  EXPECT_EQ(keys_->key_ids(), std::vector<KeyId>{1});
+  EXPECT_EQ(KeyFile(), file_before);
+  EXPECT_TRUE(fail_sink_->events().empty());
+  // Twin: the next rotation is recorded (durably, with the key's fingerprint) and applied.
+  id = guard_->RotateKey("ops");
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(keys_->active_id(), *id);
+  EXPECT_NE(KeyFile(), file_before);
+  std::vector<AuditEvent> events = fail_sink_->events();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].type, Type::kKeyRotated);
+  EXPECT_TRUE(events[0].durable);
+  EXPECT_EQ(events[0].key_fingerprint, keys_->Fingerprint(*id).value_or("?"));
 }
 
 }  // namespace

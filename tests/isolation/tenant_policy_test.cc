@@ -201,6 +201,10 @@ TEST(TenantPolicyTest, LoadFileParsesAndPrefixesErrorsWithThePath) {
   const std::string good = dir + "/good.json", bad = dir + "/bad.json";
   std::ofstream(good) << kValid;
   std::ofstream(bad) << Tenants(R"({"name": "acme", "mdoe": "strict"})");
+  std::filesystem::permissions(
+      good, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  std::filesystem::permissions(
+      bad, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   absl::StatusOr<TenantPolicy> p = TenantPolicy::LoadFile(good);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ(p->tenants.size(), 4u);
@@ -210,6 +214,55 @@ TEST(TenantPolicyTest, LoadFileParsesAndPrefixesErrorsWithThePath) {
   EXPECT_TRUE(Mentions(p.status(), bad));
   EXPECT_TRUE(Mentions(p.status(), "unknown key 'mdoe'"));
   std::filesystem::remove_all(dir);
+}
+
+// The tenants file decides who is which tenant and how strictly each is checked: whoever can
+// write it could set a tenant `off`. It gets the key files' checks; each refusal has a twin.
+TEST(TenantPolicyTest, TenantsFileMustBePrivateToItsOwner) {
+  std::string dir = ::testing::TempDir() + "/tenant_policy_perm.XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  const std::string path = dir + "/tenants.json";
+  std::ofstream(path) << kValid;
+  namespace fs = std::filesystem;
+  fs::permissions(path, fs::perms::owner_read | fs::perms::owner_write);
+  absl::StatusOr<TenantPolicy> p = TenantPolicy::LoadFile(path);
+  ASSERT_TRUE(p.ok()) << p.status();  // 0600, ours: accepted
+  EXPECT_TRUE(ReadTenantsFile(path).ok());
+  fs::permissions(path, fs::perms::owner_read);
+  EXPECT_TRUE(TenantPolicy::LoadFile(path).ok());  // 0400 too
+  for (fs::perms extra : {fs::perms::group_write, fs::perms::others_write, fs::perms::group_read,
+                          fs::perms::others_read}) {
+    fs::permissions(path, fs::perms::owner_read | fs::perms::owner_write | extra);
+    p = TenantPolicy::LoadFile(path);
+    ASSERT_FALSE(p.ok()) << static_cast<int>(extra);
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(Mentions(p.status(), path));
+    EXPECT_TRUE(Mentions(p.status(), "chmod 600"));
+  }
+  fs::permissions(path, fs::perms::owner_read | fs::perms::owner_write);
+  // A symbolic link to a good file is refused; the file itself is accepted.
+  const std::string link = dir + "/link.json";
+  fs::create_symlink(path, link);
+  p = TenantPolicy::LoadFile(link);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(Mentions(p.status(), "symbolic link"));
+  EXPECT_TRUE(TenantPolicy::LoadFile(path).ok());
+  // A directory is not a regular file.
+  p = TenantPolicy::LoadFile(dir);
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition);
+  // Another owner: only testable as root (chown); skipped otherwise, the mode checks above
+  // still run.
+  if (geteuid() == 0) {
+    ASSERT_EQ(chown(path.c_str(), 65534, 65534), 0);
+    p = TenantPolicy::LoadFile(path);
+    ASSERT_FALSE(p.ok());
+    EXPECT_TRUE(Mentions(p.status(), "owned by uid 65534"));
+    ASSERT_EQ(chown(path.c_str(), 0, 0), 0);
+    EXPECT_TRUE(TenantPolicy::LoadFile(path).ok());
+  }
+  fs::remove_all(dir);
 }
 
 TEST(TenantPolicyTest, ModeNamesRoundTrip) {

@@ -45,7 +45,14 @@ def write_tenants(path, limits=None, tenants=TENANTS):
         entry = {"name": name, "mode": t["mode"], "api_keys": [digest(t["key"])]}
         entry["limits"] = dict(limits or {"concurrent_requests": 64, "tokens_per_request": 480})
         doc["tenants"].append(entry)
-    path.write_text(json.dumps(doc, indent=1))
+    write_private(path, json.dumps(doc, indent=1))
+
+
+def write_private(path, text):
+    """Writes a file the server accepts as its tenants or admin key file: owned by this user,
+    mode 0600 (the server refuses group or other access, as it does for its key files)."""
+    path.write_text(text)
+    os.chmod(path, 0o600)
 
 
 class Server:
@@ -55,7 +62,7 @@ class Server:
         self.tmp = pathlib.Path(tmp)
         self.tenants_file = self.tmp / "tenants.json"
         write_tenants(self.tenants_file, limits)
-        (self.tmp / "admin.key").write_text(digest(ADMIN_KEY) + "\n")
+        write_private(self.tmp / "admin.key", digest(ADMIN_KEY) + "\n")
         self.audit_dir = self.tmp / "audit"
         self.stderr_path = self.tmp / "server.stderr"
         self.model = model

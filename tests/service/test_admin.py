@@ -5,7 +5,10 @@ import os
 import subprocess
 import time
 
-from conftest import ADMIN_KEY, KVGUARD, MODEL, TENANTS, digest, write_tenants
+import httpx
+import pytest
+
+from conftest import ADMIN_KEY, KVGUARD, MODEL, TENANTS, Server, digest, write_tenants
 
 
 def wait_for_records(server, *filters, n=1, timeout=10):
@@ -100,3 +103,124 @@ def test_rotate_tag_key_audited(server):
     assert records[-1]["actor"] == "admin"
     # Requests still verify under the new key.
     assert server.client("beta").completions.create(model=MODEL, prompt="x", max_tokens=3)
+
+
+@pytest.fixture(scope="module")
+def exposed_admin(tmp_path_factory):
+    """A server whose admin listener is not loopback-only (0.0.0.0), with no --metrics-auth:
+    /metrics then needs the admin key by default."""
+    s = Server(tmp_path_factory.mktemp("exposed"), extra=("--admin-host", "0.0.0.0"))
+    yield s
+    assert s.stop() == 0, s.stderr_path.read_text()
+
+
+def test_metrics_need_the_admin_key_off_loopback(exposed_admin):
+    s = exposed_admin
+    for headers in ({}, {"Authorization": "Bearer wrong"},
+                    {"Authorization": f"Bearer {TENANTS['acme']['key']}"}):
+        r = httpx.get(s.admin + "/metrics", headers=headers, timeout=10)
+        assert r.status_code == 401, (headers, r.text)
+        assert "kvguard_tenant_in_flight" not in r.text
+        assert r.json()["error"]["code"] == "invalid_api_key"
+    r = s.admin_call("GET", "/metrics")
+    assert r.status_code == 200
+    assert "kvguard_tenant_in_flight" in r.text
+    # /readyz there: ready or not to anyone, the detail only with the key.
+    assert httpx.get(s.admin + "/readyz", timeout=10).json() == {"ready": True}
+    assert s.admin_call("GET", "/readyz").json()["audit_log"] == "ok"
+
+
+def test_metrics_auth_flag_overrides_the_default(tmp_path):
+    s = Server(tmp_path, extra=("--metrics-auth", "admin"))  # loopback, key required anyway
+    try:
+        assert httpx.get(s.admin + "/metrics", timeout=10).status_code == 401
+        assert s.admin_call("GET", "/metrics").status_code == 200
+    finally:
+        assert s.stop() == 0, s.stderr_path.read_text()
+
+
+def test_metrics_open_on_loopback_by_default(server):
+    r = httpx.get(server.admin + "/metrics", timeout=10)
+    assert r.status_code == 200 and "kvguard_requests_total" in r.text
+
+
+def test_bad_metrics_auth_flag_is_refused(tmp_path):
+    out = subprocess.run([KVGUARD, "serve", "--metrics-auth", "sometimes", "--tenants", "x"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "--metrics-auth" in out.stderr
+
+
+def serve_refuses(tmp_path, tenants_mode=0o600, admin_mode=0o600, link=False):
+    """Runs `kvguard serve` on files with these modes; returns (exit code, stderr) if it exits
+    at once, or None if it started (then stops it)."""
+    tenants = tmp_path / "tenants.json"
+    write_tenants(tenants)
+    os.chmod(tenants, tenants_mode)
+    admin = tmp_path / "admin.key"
+    admin.write_text(digest(ADMIN_KEY) + "\n")
+    os.chmod(admin, admin_mode)
+    if link:
+        os.symlink(tenants, tmp_path / "link.json")
+        tenants = tmp_path / "link.json"
+    proc = subprocess.Popen([KVGUARD, "serve", "--model", MODEL, "--kv-cache-bytes", "16M",
+                             "--tenants", str(tenants), "--admin-key-file", str(admin),
+                             "--port", "0", "--admin-port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()  # the listening line, or EOF when it exits
+    if "listening on" in line:
+        proc.terminate()
+        proc.communicate(timeout=60)
+        return None
+    _, err = proc.communicate(timeout=60)
+    return proc.returncode, err
+
+
+@pytest.mark.parametrize("what", ["tenants 0644", "tenants 0620", "admin key 0666", "symlink"])
+def test_serve_refuses_tenants_and_admin_key_files_others_can_touch(tmp_path, what):
+    kw = {"tenants 0644": dict(tenants_mode=0o644), "tenants 0620": dict(tenants_mode=0o620),
+          "admin key 0666": dict(admin_mode=0o666), "symlink": dict(link=True)}[what]
+    result = serve_refuses(tmp_path, **kw)
+    assert result is not None, f"served with {what}"
+    code, err = result
+    assert code == 1
+    assert ("symbolic link" in err) if what == "symlink" else ("chmod 600" in err), err
+
+
+def test_serve_takes_private_files(tmp_path):
+    """The twin: the same files, 0600 and ours, are served."""
+    assert serve_refuses(tmp_path) is None
+
+
+def test_reload_refuses_a_tenants_file_others_can_write(server):
+    tenants = {k: dict(v) for k, v in TENANTS.items()}
+    tenants["acme"]["mode"] = "off"
+    write_tenants(server.tenants_file, tenants=tenants)
+    os.chmod(server.tenants_file, 0o666)
+    try:
+        r = server.admin_call("POST", "/admin/reload")
+        assert r.status_code == 409, r.text
+        assert "chmod 600" in r.json()["error"]["message"]
+        listed = {t["id"]: t["mode"] for t in server.admin_call("GET", "/admin/tenants")
+                  .json()["tenants"]}
+        assert listed["acme"] == "enforce"
+    finally:
+        write_tenants(server.tenants_file)  # 0600 again
+    assert server.admin_call("POST", "/admin/reload").status_code == 200
+
+
+def test_a_downgrade_is_on_disk_when_the_reply_comes(server):
+    """enforce -> off weakens isolation: its record is fsync'd before the change applies, so it
+    is in the log's files the moment the reply arrives (no waiting for a batch)."""
+    before = len(server.audit_records("--type", "mode_change", "--tenant", "acme"))
+    r = server.admin_call("PUT", "/admin/tenants/acme/mode", json={"mode": "off"})
+    assert r.status_code == 200, r.text
+    try:
+        records = server.audit_records("--type", "mode_change", "--tenant", "acme")
+        assert len(records) == before + 1
+        assert (records[-1]["mode_from"], records[-1]["mode_to"]) == ("enforce", "off")
+    finally:
+        r = server.admin_call("PUT", "/admin/tenants/acme/mode", json={"mode": "enforce"})
+        assert r.status_code == 200, r.text
+    # The upgrade back is on disk at once too.
+    records = server.audit_records("--type", "mode_change", "--tenant", "acme")
+    assert (records[-1]["mode_from"], records[-1]["mode_to"]) == ("off", "enforce")

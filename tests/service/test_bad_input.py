@@ -123,3 +123,57 @@ def test_everything_released_after_bad_input(server):
     assert m['kvguard_kv_pages{state="free",dtype="fp8_e4m3"}'] > 0
     r = server.client("acme").completions.create(model=MODEL, prompt="still here", max_tokens=3)
     assert r.usage.completion_tokens == 3
+
+
+def raw_request(server, header_lines):
+    """Sends GET /v1/models with `header_lines` extra header lines on its own connection and
+    returns (status, body)."""
+    head = (b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            b"Authorization: Bearer " + TENANTS["acme"]["key"].encode() + b"\r\n" +
+            b"".join(line + b"\r\n" for line in header_lines) + b"\r\n")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+        s.sendall(head)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    status = int(data.split(b" ", 2)[1])
+    return status, data.split(b"\r\n\r\n", 1)[1]
+
+
+def test_twenty_thousand_header_lines_get_431(server):
+    lines = [b"X-Filler-%d: %d" % (i, i) for i in range(20000)]
+    status, body = raw_request(server, lines)
+    assert status == 431, body[:200]
+    err = httpx.Response(431, content=body).json()["error"]
+    assert err["code"] == "request_header_fields_too_large"
+    assert "header lines" in err["message"] and "X-Filler" not in err["message"]
+    assert server.alive()
+
+
+def test_thirty_headers_are_served(server):
+    """The twin: a request with 30 extra headers is an ordinary one."""
+    status, body = raw_request(server, [b"X-Extra-%d: value %d" % (i, i) for i in range(30)])
+    assert status == 200, body[:200]
+    r = httpx.get(server.base + "/v1/models", timeout=30,
+                  headers={**AUTH, **{f"X-Extra-{i}": "v" for i in range(30)}})
+    assert r.status_code == 200, r.text
+
+
+def test_header_bytes_over_the_limit_get_431(server):
+    # 12 lines of 4 KiB: each line within httplib's own line limit, 48 KiB in all (limit 32 KiB).
+    big = [b"X-Big-%d: " % i + b"v" * 4096 for i in range(12)]
+    status, body = raw_request(server, big)
+    assert status == 431, body[:200]
+    assert b"bytes of headers" in body
+    # Twin: 6 such lines (24 KiB) are served.
+    status, body = raw_request(server, big[:6])
+    assert status == 200, body[:200]
+
+
+def test_public_readyz_says_ready_and_nothing_else(server):
+    r = httpx.get(server.base + "/readyz", timeout=10)
+    assert r.status_code == 200
+    assert r.json() == {"ready": True}
+    # The admin listener (loopback here: no key needed) has the detail.
+    detail = httpx.get(server.admin + "/readyz", timeout=10).json()
+    assert detail["ready"] is True and detail["audit_log"] == "ok"

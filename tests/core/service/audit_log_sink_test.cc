@@ -15,6 +15,7 @@
 #include "audit/signing_key.h"
 #include "core/engine/engine.h"
 #include "tests/core/model/tiny_model.h"
+#include "tests/core/service/unbatched_log.h"
 
 namespace kvguard::core {
 namespace {
@@ -90,12 +91,7 @@ TEST(AuditLogSinkTest, StrictViolationIsOnDiskWhenTheAbortedRequestReturns) {
     std::string tmpl = ::testing::TempDir() + "/audit_sink_test.XXXXXX";
     ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
     const std::string dir = tmpl + "/log";
-    audit::LogOptions lo;
-    lo.dir = dir;
-    lo.key = std::shared_ptr<const audit::SigningKey>(*audit::SigningKey::CreateEphemeral());
-    lo.batch_records = 100000;        // nothing reaches the disk by batching in this test
-    lo.batch_interval_ms = 10000000;  // and the flusher never wakes
-    auto log = std::shared_ptr<audit::AuditLog>(*audit::AuditLog::Open(lo));
+    std::shared_ptr<audit::AuditLog> log = testing::OpenUnbatchedLog(dir);
 
     const TinyModel& m = Fp32Tiny();
     KvPoolOptions po;
