@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "tests/core/gguf/gguf_writer.h"
 #include "tests/core/shared_models.h"
@@ -121,9 +122,8 @@ TEST(GgufSpmTest, RoundTripsEveryScript) {
 
 // ---- GPT-2 byte-level BPE ---------------------------------------------------------------------
 
-// A GPT-2 vocabulary: the 256 byte characters (in byte order, so byte b has id b), then the
-// merged tokens; merges t h < th e < Ġ the.
-GgufWriter Gpt2Writer(bool with_merges) {
+// The 256 byte characters of a GPT-2 vocabulary, in byte order (byte b has id b).
+std::vector<std::string> Gpt2ByteTokens() {
   std::vector<std::string> tokens;
   for (int b = 0; b < 256; ++b) {
     // GPT-2's bytes_to_unicode, written out independently of the tokenizer's table.
@@ -143,6 +143,12 @@ GgufWriter Gpt2Writer(bool with_merges) {
     }
     tokens.push_back(s);
   }
+  return tokens;
+}
+
+// A GPT-2 vocabulary: the byte characters, then the merged tokens; merges t h < th e < Ġ the.
+GgufWriter Gpt2Writer(bool with_merges) {
+  std::vector<std::string> tokens = Gpt2ByteTokens();
   for (const char* t : {"th", "the", "\xC4\xA0the", "<|endoftext|>"}) tokens.push_back(t);
   std::vector<int32_t> types(tokens.size(), 1);
   types.back() = 3;
@@ -180,6 +186,42 @@ TEST(GgufBpeTest, RoundTripsEveryScript) {
   }
 }
 
+// User-defined tokens (token_type 4) in the text are those tokens; control tokens, and
+// user-defined ones whose text llama.cpp treats as control, stay text.
+TEST(GgufBpeTest, FindsUserDefinedTokensNeverControlTokens) {
+  std::vector<std::string> tokens = Gpt2ByteTokens();  // ids 0..255
+  for (const char* t : {"<tool>", "<tool>x", "<|im_end|>", "<|endoftext|>"}) tokens.push_back(t);
+  std::vector<int32_t> types(tokens.size(), 1);
+  types[256] = types[257] = 4;  // <tool>, <tool>x: user-defined
+  types[258] = 3;               // <|im_end|>: control
+  types[259] = 4;               // <|endoftext|>: user-defined, read as control
+  const auto make = [&] {
+    GgufWriter w;
+    w.Str("tokenizer.ggml.model", "gpt2")
+        .Str("tokenizer.ggml.pre", "gpt-2")
+        .StrArray("tokenizer.ggml.tokens", tokens)
+        .I32Array("tokenizer.ggml.token_type", types)
+        .StrArray("tokenizer.ggml.merges", {});
+    return Make(w);
+  };
+  TokFile l = make();
+  ASSERT_NE(l.tok, nullptr);
+  // The longer user-defined token is found first; "<tool>" where "<tool>x" does not fit.
+  const std::string text = "a<tool>x<tool>b<|im_end|><|endoftext|>";
+  const std::vector<int> ids = l.tok->Encode(text, false);
+  std::vector<int> want = {'a', 257, 256, 'b'};
+  for (const char c : std::string("<|im_end|><|endoftext|>")) want.push_back(c);
+  EXPECT_EQ(ids, want);
+  EXPECT_EQ(l.tok->Decode(ids), text);  // user-defined tokens decode to their text
+  EXPECT_EQ(l.tok->DecodeToken(258), "");
+  EXPECT_EQ(l.tok->DecodeToken(259), "");
+  // Positive twin: typed normal, "<tool>" is merely text (no merges: its bytes).
+  types[256] = types[257] = 1;
+  TokFile plain = make();
+  ASSERT_NE(plain.tok, nullptr);
+  EXPECT_EQ(plain.tok->Encode("<tool>", false), (std::vector<int>{'<', 't', 'o', 'o', 'l', '>'}));
+}
+
 // ---- malformed tokenizer metadata -----------------------------------------------------------
 
 TEST(GgufTokenizerTest, RefusesMalformedMetadata) {
@@ -215,6 +257,22 @@ TEST(GgufTokenizerTest, RefusesMalformedMetadata) {
          w.Str("tokenizer.ggml.model", "gpt2").StrArray("tokenizer.ggml.tokens", {"a"});
        },
        "missing key 'tokenizer.ggml.merges'"},
+      {"unknown pre-tokenizer",
+       [](GgufWriter& w) {
+         w.Str("tokenizer.ggml.model", "gpt2")
+             .Str("tokenizer.ggml.pre", "frobnicate")
+             .StrArray("tokenizer.ggml.tokens", {"a"})
+             .StrArray("tokenizer.ggml.merges", {});
+       },
+       "key 'tokenizer.ggml.pre' is 'frobnicate': kvguard does not know this pre-tokenizer"},
+      {"pre-tokenizer of the wrong type",
+       [](GgufWriter& w) {
+         w.Str("tokenizer.ggml.model", "gpt2")
+             .U32("tokenizer.ggml.pre", 7)
+             .StrArray("tokenizer.ggml.tokens", {"a"})
+             .StrArray("tokenizer.ggml.merges", {});
+       },
+       "tokenizer.ggml.pre"},
       {"malformed merge",
        [](GgufWriter& w) {
          w.Str("tokenizer.ggml.model", "gpt2")
@@ -234,7 +292,24 @@ TEST(GgufTokenizerTest, RefusesMalformedMetadata) {
     EXPECT_NE(std::string(t.status().message()).find(c.error), std::string::npos)
         << c.name << ": " << t.status();
   }
-  // Positive twin: a well-formed small vocabulary loads.
+  // Positive twins: a well-formed small vocabulary loads, and so does a BPE one with each
+  // pre-tokenizer name kvguard knows (the names of llama.cpp's test suite, GLM-4's and Kimi K2's).
+  for (const char* pre : {"llama-bpe", "llama3", "qwen2", "deepseek-llm", "deepseek-coder",
+                          "deepseek-v3", "falcon", "mpt", "starcoder", "refact", "command-r",
+                          "gpt-2", "glm4", "chatglm-bpe", "kimi-k2", "default"}) {
+    GgufWriter b;
+    b.Str("tokenizer.ggml.model", "gpt2")
+        .Str("tokenizer.ggml.pre", pre)
+        .StrArray("tokenizer.ggml.tokens", {"a"})
+        .StrArray("tokenizer.ggml.merges", {});
+    const std::string bytes = b.Build();
+    auto f = gguf::File::Parse({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
+    ASSERT_TRUE(f.ok());
+    auto t = GgufTokenizer::Create(**f);
+    ASSERT_TRUE(t.ok()) << pre << ": " << t.status();
+    EXPECT_NE((*t)->Summary().find(absl::StrCat("pre-tokenizer '", pre, "'")), std::string::npos)
+        << (*t)->Summary();
+  }
   GgufWriter w;
   w.Str("tokenizer.ggml.model", "llama")
       .StrArray("tokenizer.ggml.tokens", {"<unk>", "<s>", "</s>", "a"})
