@@ -370,7 +370,8 @@ absl::StatusOr<std::unique_ptr<GgufTokenizer>> GgufTokenizer::Create(const gguf:
 
 int GgufTokenizer::TokenId(std::string_view text) const {
   auto it = index_.find(absl::string_view(text.data(), text.size()));
-  return it == index_.end() ? -1 : it->second;
+  // Text never becomes a control token, however it is merged.
+  return it == index_.end() || special_[it->second] ? -1 : it->second;
 }
 
 int GgufTokenizer::SymbolId(const std::string& text) {

@@ -79,7 +79,8 @@ class GgufTokenizer final : public Tokenizer {
   struct WordCache;
 
   GgufTokenizer() = default;
-  // TokenId returns the id of token text `text`, or -1.
+  // TokenId returns the id of the token with text `text`, or -1 (also when it is a control
+  // token: encoding never produces one).
   int TokenId(std::string_view text) const;
   // SymbolId returns the symbol id of `text`: its token id, else an id past the vocabulary that
   // stands for a merge result that is no token (added on first sight).

@@ -222,6 +222,29 @@ TEST(GgufBpeTest, FindsUserDefinedTokensNeverControlTokens) {
   EXPECT_EQ(plain.tok->Encode("<tool>", false), (std::vector<int>{'<', 't', 'o', 'o', 'l', '>'}));
 }
 
+// A merge whose result is a control token's text does not give the control token, and neither
+// does a piece that is one under Llama 3's whole-piece rule; typed normal (the twin), it does.
+TEST(GgufBpeTest, MergesNeverProduceControlTokens) {
+  for (const char* pre : {"gpt-2", "llama-bpe"}) {
+    for (const int type : {3, 1}) {
+      std::vector<std::string> tokens = Gpt2ByteTokens();
+      tokens.push_back("ab");  // id 256
+      std::vector<int32_t> types(tokens.size(), 1);
+      types[256] = type;
+      GgufWriter w;
+      w.Str("tokenizer.ggml.model", "gpt2")
+          .Str("tokenizer.ggml.pre", pre)
+          .StrArray("tokenizer.ggml.tokens", tokens)
+          .I32Array("tokenizer.ggml.token_type", types)
+          .StrArray("tokenizer.ggml.merges", {"a b"});
+      TokFile l = Make(w);
+      ASSERT_NE(l.tok, nullptr);
+      const std::vector<int> want = type == 3 ? std::vector<int>{'a', 'b'} : std::vector<int>{256};
+      EXPECT_EQ(l.tok->Encode("ab", false), want) << pre << " type " << type;
+    }
+  }
+}
+
 // ---- malformed tokenizer metadata -----------------------------------------------------------
 
 TEST(GgufTokenizerTest, RefusesMalformedMetadata) {
