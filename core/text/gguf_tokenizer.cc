@@ -364,6 +364,9 @@ absl::StatusOr<std::unique_ptr<GgufTokenizer>> GgufTokenizer::Create(const gguf:
       t->merges_.emplace(uint64_t{static_cast<uint32_t>(left)} << 32 | static_cast<uint32_t>(right),
                          Merge{static_cast<int>(i), merged});
     }
+    std::vector<int> replacement;
+    t->BpeWord(kReplacement, &replacement);
+    t->replacement_ids_ = std::move(replacement);
   }
   return t;
 }
@@ -511,7 +514,10 @@ void GgufTokenizer::AppendSymbol(int id, std::vector<int>* ids) const {
     ids->push_back(id);
     return;
   }
-  // A merge result that is no token (a malformed vocabulary): its characters' tokens.
+  // A merge result that is no token (a malformed vocabulary), or a byte the vocabulary has no
+  // token for (some leave out C0, C1 and F5-FF, which UTF-8 never uses): its characters' tokens,
+  // and for a character without one UNK, else U+FFFD's tokens (what llama.cpp, which replaces
+  // invalid UTF-8 by U+FFFD before tokenizing, gives such a byte).
   const std::string& s = extra_symbols_[id - vocab_size()];
   for (size_t p = 0; p < s.size();) {
     uint32_t cp = 0;
@@ -521,6 +527,8 @@ void GgufTokenizer::AppendSymbol(int id, std::vector<int>* ids) const {
       ids->push_back(char_id);
     } else if (unk_ >= 0) {
       ids->push_back(unk_);
+    } else {
+      ids->insert(ids->end(), replacement_ids_.begin(), replacement_ids_.end());
     }
     p += n;
   }

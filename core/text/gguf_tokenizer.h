@@ -28,7 +28,9 @@
 // U+FFFD; Decode (whole texts) drops the leading space that add_space_prefix added, as
 // SentencePiece does; DecodeToken (streaming) keeps it. Decode(Encode(t)) == t for any bytes t
 // (invalid UTF-8 included) in BPE, and in SPM when t contains no U+2581 and no user-defined
-// token (llama.cpp puts a space prefix after each one).
+// token (llama.cpp puts a space prefix after each one). The exception in BPE: bytes UTF-8 never
+// uses (C0, C1, F5-FF) that a vocabulary has no normal token for come back as U+FFFD (no token:
+// falcon, mpt, starcoder, ...) or as the user-defined token's text (DeepSeek types them so).
 #ifndef KVGUARD_CORE_TEXT_GGUF_TOKENIZER_H_
 #define KVGUARD_CORE_TEXT_GGUF_TOKENIZER_H_
 
@@ -108,6 +110,7 @@ class GgufTokenizer final : public Tokenizer {
   std::array<int, 256> byte_id_;                       // id standing for each raw byte, or -1
   std::array<int, 256> byte_symbol_;                   // BPE: symbol id of each byte's character
   std::array<std::string, 256> byte_char_;             // BPE: the code point (UTF-8) of each byte
+  std::vector<int> replacement_ids_;  // BPE: U+FFFD's ids, for bytes the vocabulary lacks
   int bos_ = -1, eos_ = -1, unk_ = -1;
   bool add_bos_ = false, add_eos_ = false, add_space_prefix_ = false;
 };

@@ -245,6 +245,27 @@ TEST(GgufBpeTest, MergesNeverProduceControlTokens) {
   }
 }
 
+// A byte the vocabulary has no token for (here 0xFF) becomes U+FFFD's tokens, as in llama.cpp,
+// rather than vanishing; with the token (the twin) it comes back as itself.
+TEST(GgufBpeTest, BytesWithoutATokenBecomeReplacementCharacter) {
+  for (const bool has_ff : {false, true}) {
+    std::vector<std::string> tokens = Gpt2ByteTokens();
+    if (!has_ff) tokens[255] = "<unused>";
+    GgufWriter w;
+    w.Str("tokenizer.ggml.model", "gpt2")
+        .Str("tokenizer.ggml.pre", "gpt-2")
+        .StrArray("tokenizer.ggml.tokens", tokens)
+        .StrArray("tokenizer.ggml.merges", {});
+    TokFile l = Make(w);
+    ASSERT_NE(l.tok, nullptr);
+    const std::vector<int> ids = l.tok->Encode("a\xFF", false);
+    const std::vector<int> want =
+        has_ff ? std::vector<int>{'a', 255} : std::vector<int>{'a', 0xEF, 0xBF, 0xBD};
+    EXPECT_EQ(ids, want);
+    EXPECT_EQ(l.tok->Decode(ids), has_ff ? "a\xFF" : "a\xEF\xBF\xBD");
+  }
+}
+
 // ---- malformed tokenizer metadata -----------------------------------------------------------
 
 TEST(GgufTokenizerTest, RefusesMalformedMetadata) {

@@ -95,6 +95,13 @@ TEST_P(LlamaVocabSuite, IdsEqualLlamaCppAndDecodeRoundTrips) {
       ADD_FAILURE() << GetParam() << ": '" << c.text << "' decodes to '" << back << "'";
     }
   }
+  // Beyond the suite (where llama.cpp replaces invalid UTF-8 by U+FFFD, kvguard keeps the
+  // bytes): invalid sequences made of bytes UTF-8 uses, and control bytes, come back byte for
+  // byte (bytes UTF-8 never uses: GgufBpeTest.BytesWithoutATokenBecomeReplacementCharacter).
+  for (const std::string text : {"stray \x80 continuation", "truncated \xE2\x96",
+                                 "surrogate \xED\xA0\x80!", "nul \x01\x1F"}) {
+    EXPECT_EQ((*tok)->Decode((*tok)->Encode(text, false)), text) << GetParam();
+  }
   std::printf("%s: %d/%zu cases equal to llama.cpp, %d/%zu round trips (%s)\n", GetParam(), equal,
               cases.size(), round_trips, cases.size(), (*tok)->Summary().c_str());
   EXPECT_EQ(equal, static_cast<int>(cases.size()));
