@@ -30,6 +30,16 @@ constexpr std::string_view kContractions =
     R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD]))";
 constexpr std::string_view kLetters = R"([^\r\n\p{L}\p{N}]?\p{L}+)";
 constexpr std::string_view kRest = R"( ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+// GPT-4o's (also Llama 4's) and Tekken's (Mistral): a word is capitals then lower case, or
+// capitals alone. "Capital" is [^a-z] among letters and "lower case" [^A-Z], as llama.cpp writes
+// it: every non-ASCII letter is both, exactly as in llama.cpp's std::regex.
+constexpr std::string_view kUpperLower =
+    R"([^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+)";
+constexpr std::string_view kUpperOnly =
+    R"([^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*)";
+// BLOOM's (also Poro's, GPT-3 Finnish's, Viking's): runs without whitespace and , . ! ? etc.
+constexpr std::string_view kBloom =
+    R"( ?[^(\s|.,!?\x{2026}\x{3002}\x{FF0C}\x{3001}\x{0964}\x{06D4}\x{060C})]+)";
 // DeepSeek's CJK ranges (U+4E00-U+9FA5, U+0800-U+4E00, U+AC00-U+D7FF) less the whitespace in
 // them, which llama.cpp's std::wregex never sees as itself.
 constexpr std::string_view kDeepSeekCjk =
@@ -78,6 +88,18 @@ const std::vector<Family>& Families() {
   };
   static const std::string* const kLlama3 = join({kContractions, kLetters, R"(\p{N}{1,3})", kRest});
   static const std::string* const kQwen2 = join({kContractions, kLetters, R"(\p{N})", kRest});
+  const std::string contraction = std::string("(?:") + std::string(kContractions) + ")?";
+  static const std::string* const kGpt4o =
+      join({std::string(kUpperLower) + contraction, std::string(kUpperOnly) + contraction,
+            R"(\p{N}{1,3})", R"( ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)"});
+  static const std::string* const kTekken =
+      join({kUpperLower, kUpperOnly, R"(\p{N})",
+            R"( ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)"});
+  static const std::string* const kSeedCoder = join(
+      {kContractions, kLetters, R"(\p{N})", R"( ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+)"});
+  static const std::string* const kBailing =
+      join({R"('(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE]))", kLetters, R"(\p{N})",
+            R"( ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+)"});
   const std::string han(kHan);
   static const std::string* const kKimi =
       join({"[" + han + "]+",
@@ -115,6 +137,12 @@ const std::vector<Family>& Families() {
        {kGpt2}},
       {"qwen2", {"qwen2", "deepseek-r1-qwen", "megrez", "stablelm2", "hunyuan"}, {*kQwen2}},
       {"kimi-k2", {"kimi-k2"}, {*kKimi}},
+      {"gpt-4o", {"gpt-4o", "llama4"}, {*kGpt4o}},
+      {"tekken", {"tekken"}, {*kTekken}, /*ignore_merges=*/true, /*add_bos=*/true},
+      {"seed-coder", {"seed-coder"}, {*kSeedCoder}},
+      {"bailingmoe", {"bailingmoe"}, {*kBailing}},
+      {"bloom", {"bloom", "poro-chat", "gpt3-finnish"}, {kBloom}},
+      {"viking", {"viking"}, {kBloom, R"(\p{N})"}},
   };
   return *kFamilies;
 }

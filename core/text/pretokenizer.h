@@ -11,6 +11,11 @@
 //     literal ranges (DeepSeek's CJK and full-width punctuation) exclude whitespace here, and
 //     their \p{S} (through llama.cpp's ASCII table) lacks '~';
 //   - ECMAScript's `$` is the end of the piece: \z.
+// Names: those of llama.cpp's tokenizer suite (llama-bpe, qwen2, deepseek-llm, deepseek-coder,
+// falcon, mpt, starcoder, refact, command-r, gpt-2), deepseek-v3, glm4, kimi-k2, gpt-4o/llama4,
+// tekken, seed-coder, bailingmoe, bloom, viking, default, and llama.cpp's aliases of them
+// (SupportedNames); bench/results/tokenizers.md shows each giving llama.cpp's ids. Not (yet):
+// chameleon, superbpe, jina-v2-*, roberta-bpe (their extra rules are not implemented).
 // Known differences from llama.cpp: code points whose category changed after Unicode 14 (PCRE2
 // 10.42's tables; llama.cpp's are newer), and invalid UTF-8, which llama.cpp replaces by U+FFFD
 // before splitting while here the bytes stay (they match no class and end up in the stretches

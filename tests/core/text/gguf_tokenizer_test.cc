@@ -338,9 +338,11 @@ TEST(GgufTokenizerTest, RefusesMalformedMetadata) {
   }
   // Positive twins: a well-formed small vocabulary loads, and so does a BPE one with each
   // pre-tokenizer name kvguard knows (the names of llama.cpp's test suite, GLM-4's and Kimi K2's).
-  for (const char* pre : {"llama-bpe", "llama3", "qwen2", "deepseek-llm", "deepseek-coder",
-                          "deepseek-v3", "falcon", "mpt", "starcoder", "refact", "command-r",
-                          "gpt-2", "glm4", "chatglm-bpe", "kimi-k2", "default"}) {
+  for (const char* pre :
+       {"llama-bpe",  "llama3",      "qwen2",     "deepseek-llm", "deepseek-coder", "deepseek-v3",
+        "falcon",     "mpt",         "starcoder", "refact",       "command-r",      "gpt-2",
+        "glm4",       "chatglm-bpe", "kimi-k2",   "gpt-4o",       "llama4",         "tekken",
+        "seed-coder", "bailingmoe",  "bloom",     "viking",       "default"}) {
     GgufWriter b;
     b.Str("tokenizer.ggml.model", "gpt2")
         .Str("tokenizer.ggml.pre", pre)

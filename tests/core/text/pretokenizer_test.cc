@@ -58,6 +58,15 @@ TEST(PreTokenizerTest, CutsWhereLlamaCppCuts) {
        "\u4E2D\u6587Hello\u4E16\u754C don't",
        {"\u4E2D\u6587", "Hello", "\u4E16\u754C", " don't"}},
       {"llama3", "don't", {"don", "'t"}},
+      // GPT-4o / Llama 4: capitals start a word; every non-ASCII letter counts as either case.
+      {"llama4", "HelloWorld don't", {"Hello", "World", " don't"}},
+      {"gpt-4o",
+       "ABCdef \u00C9t\u00E9Bon 12345",
+       {"ABCdef", " \u00C9t\u00E9", "Bon", " ", "123", "45"}},
+      // Tekken: the same words, single digits, contractions apart.
+      {"tekken", "HelloWorld 42", {"Hello", "World", " ", "4", "2"}},
+      // BLOOM: runs without whitespace and sentence punctuation.
+      {"bloom", "a(b) c, d", {"a", "(", "b", ")", " c", ",", " d"}},
       // Invalid UTF-8 matches nothing and stays, byte for byte, between the matches.
       {"gpt-2", "a\xFF\xC0z", {"a", "\xFF\xC0", "z"}},
       {"", "a,,b", {"a", ",,", "b"}},  // no tokenizer.ggml.pre: llama.cpp's "default"
