@@ -17,6 +17,7 @@ namespace kvguard::core {
 namespace {
 
 using testing::GgufWriter;
+using testing::Gpt2ByteTokens;
 
 const std::string kSp = "\xE2\x96\x81";  // U+2581
 
@@ -121,30 +122,6 @@ TEST(GgufSpmTest, RoundTripsEveryScript) {
 }
 
 // ---- GPT-2 byte-level BPE ---------------------------------------------------------------------
-
-// The 256 byte characters of a GPT-2 vocabulary, in byte order (byte b has id b).
-std::vector<std::string> Gpt2ByteTokens() {
-  std::vector<std::string> tokens;
-  for (int b = 0; b < 256; ++b) {
-    // GPT-2's bytes_to_unicode, written out independently of the tokenizer's table.
-    int cp = b;
-    if (!((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174)) {
-      int n = 0;
-      for (int x = 0; x < b; ++x)
-        n += !((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174);
-      cp = 256 + n;
-    }
-    std::string s;
-    if (cp < 0x80) {
-      s.push_back(static_cast<char>(cp));
-    } else {
-      s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-      s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
-    tokens.push_back(s);
-  }
-  return tokens;
-}
 
 // A GPT-2 vocabulary: the byte characters, then the merged tokens; merges t h < th e < Ġ the.
 GgufWriter Gpt2Writer(bool with_merges) {
