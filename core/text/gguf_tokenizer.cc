@@ -278,7 +278,6 @@ absl::StatusOr<std::unique_ptr<GgufTokenizer>> GgufTokenizer::Create(const gguf:
     absl::StatusOr<std::unique_ptr<PreTokenizer>> p = PreTokenizer::Create(pre);
     if (!p.ok()) return p.status();
     t->pre_ = *std::move(p);
-    if (t->pre_->no_bos()) t->bos_ = -1;
   }
   t->add_bos_ = spm || t->pre_->add_bos();
   t->add_space_prefix_ = spm;

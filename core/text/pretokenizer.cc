@@ -77,7 +77,7 @@ struct Family {
   std::string_view family;
   std::vector<std::string_view> names;
   std::vector<std::string_view> regexes;
-  bool ignore_merges = false, add_bos = false, no_bos = false;
+  bool ignore_merges = false, add_bos = false;
 };
 
 const std::vector<Family>& Families() {
@@ -114,7 +114,7 @@ const std::vector<Family>& Families() {
        /*ignore_merges=*/true,
        /*add_bos=*/true},
       {"dbrx", {"dbrx", "smaug-bpe"}, {*kLlama3}},
-      {"glm4", {"glm4", "chatglm-bpe"}, {*kLlama3}, false, false, /*no_bos=*/true},
+      {"glm4", {"glm4", "chatglm-bpe"}, {*kLlama3}},
       {"deepseek-llm",
        {"deepseek-llm"},
        {R"([\r\n])", kDeepSeekLetters,
@@ -223,7 +223,6 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> PreTokenizer::Create(std::string_v
     p->family_ = std::string(f.family);
     p->ignore_merges_ = f.ignore_merges;
     p->add_bos_ = f.add_bos;
-    p->no_bos_ = f.no_bos;
     for (std::string_view r : f.regexes) {
       const std::string pattern = ExpandSpaces(r);
       int error = 0;

@@ -52,8 +52,6 @@ class PreTokenizer {
   bool ignore_merges() const { return ignore_merges_; }
   // add_bos: llama.cpp's default for tokenizer.ggml.add_bos_token under this pre-tokenizer.
   bool add_bos() const { return add_bos_; }
-  // no_bos: llama.cpp ignores tokenizer.ggml.bos_token_id under this pre-tokenizer (GLM-4).
-  bool no_bos() const { return no_bos_; }
 
   // SupportedNames returns every name Create accepts, comma-separated.
   static std::string SupportedNames();
@@ -63,7 +61,7 @@ class PreTokenizer {
   PreTokenizer() = default;
 
   std::string name_, family_;
-  bool ignore_merges_ = false, add_bos_ = false, no_bos_ = false;
+  bool ignore_merges_ = false, add_bos_ = false;
   std::vector<std::unique_ptr<Regex>> regexes_;  // applied in order
 };
 

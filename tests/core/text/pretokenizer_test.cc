@@ -92,8 +92,9 @@ TEST(PreTokenizerTest, RefusesUnknownNamesNamingThem) {
   EXPECT_TRUE((*good)->add_bos());
   auto glm = PreTokenizer::Create("glm4");
   ASSERT_TRUE(glm.ok());
-  EXPECT_TRUE((*glm)->no_bos());
+  EXPECT_EQ((*glm)->family(), "glm4");
   EXPECT_FALSE((*glm)->ignore_merges());
+  EXPECT_FALSE((*glm)->add_bos());
 }
 
 // Pieces concatenate to the text for every pre-tokenizer, on mixed scripts and on runs long
