@@ -26,10 +26,13 @@ class AddedTokens {
   };
 
   AddedTokens() = default;
-  // AddedTokens takes the (text, id) pairs to look for; empty texts are dropped.
-  explicit AddedTokens(std::vector<std::pair<std::string, int>> tokens);
+  // AddedTokens takes the (text, id) pairs to look for; empty texts are dropped. With `rstrip`,
+  // the ASCII whitespace right after each token found is dropped from the text (llama.cpp's
+  // RSTRIP, which it gives Phi-3's user-defined tokens).
+  explicit AddedTokens(std::vector<std::pair<std::string, int>> tokens, bool rstrip = false);
 
-  // Split appends to *out the fragments of `text` in order; their texts concatenate to `text`.
+  // Split appends to *out the fragments of `text` in order; their texts concatenate to `text`
+  // (less the whitespace rstrip drops).
   void Split(std::string_view text, std::vector<Fragment>* out) const;
 
   bool empty() const { return tokens_.empty(); }
@@ -38,6 +41,7 @@ class AddedTokens {
  private:
   std::vector<std::pair<std::string, int>> tokens_;  // in the order they are looked for
   std::array<std::vector<int>, 256> by_first_byte_;  // indices into tokens_, ascending
+  bool rstrip_ = false;
 };
 
 }  // namespace kvguard::core

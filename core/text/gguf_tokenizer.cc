@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
@@ -339,7 +340,14 @@ absl::StatusOr<std::unique_ptr<GgufTokenizer>> GgufTokenizer::Create(const gguf:
       }
     }
   }
-  t->added_ = AddedTokens(std::move(added));
+  // llama.cpp strips the whitespace after Phi-3's user-defined tokens (it knows the model by
+  // general.name); so does kvguard, to give the same ids.
+  bool rstrip = false;
+  if (absl::StatusOr<std::string_view> name = f.GetString("general.name"); name.ok()) {
+    const std::string lower = absl::AsciiStrToLower(std::string(*name));
+    rstrip = lower.find("phi-3") != std::string::npos || lower.find("phi3") != std::string::npos;
+  }
+  t->added_ = AddedTokens(std::move(added), rstrip);
   if (!spm) {
     for (int b = 0; b < 256; ++b) {
       t->byte_id_[b] = t->TokenId(t->byte_char_[b]);

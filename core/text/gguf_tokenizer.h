@@ -24,6 +24,7 @@
 // tokens. User-defined tokens (token_type 4) are found in the text first, as llama.cpp does
 // (added_tokens.h), unless their text is one llama.cpp promotes to control ("<|endoftext|>",
 // "<|im_end|>", FIM markers, ...): those stay text too. User-defined tokens decode to their text.
+// As in llama.cpp, a model whose general.name says Phi-3 drops the whitespace after them.
 // Decoding: control tokens contribute nothing, <0xXX> tokens their byte, the unknown token
 // U+FFFD; Decode (whole texts) drops the leading space that add_space_prefix added, as
 // SentencePiece does; DecodeToken (streaming) keeps it. Decode(Encode(t)) == t for any bytes t

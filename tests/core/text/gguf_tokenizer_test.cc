@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "tests/core/gguf/gguf_writer.h"
 #include "tests/core/shared_models.h"
@@ -109,6 +110,35 @@ TEST(GgufSpmTest, BosEosAndSpacePrefixFollowTheMetadata) {
   const std::vector<int> ids = with.tok->Encode("<s>", false);
   EXPECT_EQ(std::count(ids.begin(), ids.end(), 1), 0);
   EXPECT_EQ(with.tok->Decode(ids), "<s>");
+}
+
+// Phi-3 (known by general.name, as llama.cpp knows it): whitespace after a user-defined token is
+// dropped; another model keeps it (the twin). Either way the next text gets the space prefix.
+TEST(GgufSpmTest, Phi3DropsWhitespaceAfterUserDefinedTokens) {
+  for (const bool phi3 : {true, false}) {
+    std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
+    std::vector<int32_t> types = {2, 3, 3};
+    for (int b = 0; b < 256; ++b) {
+      tokens.push_back(absl::StrFormat("<0x%02X>", b));
+      types.push_back(6);
+    }
+    for (const std::string& t : {kSp, std::string("a"), std::string("b"), std::string("<x>")}) {
+      tokens.push_back(t);
+      types.push_back(t == "<x>" ? 4 : 1);  // <x>: user-defined
+    }
+    GgufWriter w;
+    w.Str("tokenizer.ggml.model", "llama")
+        .Str("general.name", phi3 ? "Phi3" : "Llama")
+        .StrArray("tokenizer.ggml.tokens", tokens)
+        .I32Array("tokenizer.ggml.token_type", types);
+    TokFile l = Make(w);
+    ASSERT_NE(l.tok, nullptr);
+    const std::vector<int> ids = l.tok->Encode("a<x> \tb", false);
+    std::vector<int> want = {kFirstExtra, kFirstExtra + 1, kFirstExtra + 3, kFirstExtra};
+    if (!phi3) want.insert(want.end(), {kFirstExtra, 3 + '\t'});  // " \t" -> ▁ ▁ <0x09>
+    want.push_back(kFirstExtra + 2);
+    EXPECT_EQ(ids, want) << (phi3 ? "Phi3" : "Llama");
+  }
 }
 
 TEST(GgufSpmTest, RoundTripsEveryScript) {
