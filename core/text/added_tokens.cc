@@ -18,52 +18,56 @@ AddedTokens::AddedTokens(std::vector<std::pair<std::string, int>> tokens, bool r
 }
 
 void AddedTokens::Split(std::string_view text, std::vector<Fragment>* out) const {
-  // Every occurrence of every token, then taken in llama.cpp's order: by token (the order of
-  // tokens_), left to right, skipping those that overlap one already taken.
-  struct Hit {
-    int token;
-    size_t pos;
-    size_t stripped = 0;  // whitespace bytes after it that rstrip drops
-  };
-  std::vector<Hit> hits;
-  if (!tokens_.empty()) {
-    for (size_t pos = 0; pos < text.size(); ++pos) {
-      for (const int t : by_first_byte_[static_cast<unsigned char>(text[pos])]) {
-        const std::string& s = tokens_[t].first;
-        if (s.size() <= text.size() - pos &&
-            std::memcmp(s.data(), text.data() + pos, s.size()) == 0) {
-          hits.push_back({t, pos});
-        }
+  // Which tokens occur at all (one pass; most texts have none), then llama.cpp's order: token by
+  // token (the order of tokens_), each occurrence from left to right that overlaps nothing taken
+  // before. Memory stays O(text) however many occurrences overlap (runs of spaces under MPT's
+  // whitespace tokens); time is O(text) per token that occurs.
+  std::vector<bool> occurs(tokens_.size(), false);
+  bool any = false;
+  for (size_t pos = 0; pos < text.size(); ++pos) {
+    for (const int t : by_first_byte_[static_cast<unsigned char>(text[pos])]) {
+      const std::string& s = tokens_[t].first;
+      if (!occurs[t] && s.size() <= text.size() - pos &&
+          std::memcmp(s.data(), text.data() + pos, s.size()) == 0) {
+        occurs[t] = any = true;
       }
     }
   }
-  if (hits.empty()) {
+  if (!any) {
     if (!text.empty()) out->push_back({text, -1});
     return;
   }
-  std::sort(hits.begin(), hits.end(), [](const Hit& a, const Hit& b) {
-    return a.token != b.token ? a.token < b.token : a.pos < b.pos;
-  });
-  std::vector<int> owner(text.size(), -1);  // which token took each byte (-2: dropped)
-  std::vector<Hit> taken;
-  for (const Hit& h : hits) {
-    const size_t len = tokens_[h.token].first.size();
-    if (std::any_of(owner.begin() + h.pos, owner.begin() + h.pos + len,
-                    [](int o) { return o != -1; })) {
-      continue;
-    }
-    std::fill(owner.begin() + h.pos, owner.begin() + h.pos + len, h.token);
-    taken.push_back(h);
-    for (size_t p = h.pos + len; rstrip_ && p < text.size() && owner[p] == -1; ++p) {
-      const char c = text[p];
-      if (c != ' ' && (c < '\t' || c > '\r')) break;
-      owner[p] = -2;
-      ++taken.back().stripped;
+  struct Taken {
+    int token;
+    size_t pos;
+    size_t stripped;  // whitespace bytes after it that rstrip drops
+  };
+  std::vector<Taken> taken;
+  std::vector<bool> owned(text.size(), false);  // taken by a token, or dropped by rstrip
+  for (size_t t = 0; t < tokens_.size(); ++t) {
+    if (!occurs[t]) continue;
+    const std::string& s = tokens_[t].first;
+    for (size_t pos = text.find(s); pos != std::string_view::npos; pos = text.find(s, pos)) {
+      if (std::any_of(owned.begin() + pos, owned.begin() + pos + s.size(),
+                      [](bool o) { return o; })) {
+        ++pos;  // an occurrence may start inside this one
+        continue;
+      }
+      std::fill(owned.begin() + pos, owned.begin() + pos + s.size(), true);
+      size_t end = pos + s.size();
+      for (; rstrip_ && end < text.size() && !owned[end]; ++end) {
+        const char c = text[end];
+        if (c != ' ' && (c < '\t' || c > '\r')) break;
+        owned[end] = true;
+      }
+      taken.push_back({static_cast<int>(t), pos, end - pos - s.size()});
+      pos = end;
     }
   }
-  std::sort(taken.begin(), taken.end(), [](const Hit& a, const Hit& b) { return a.pos < b.pos; });
+  std::sort(taken.begin(), taken.end(),
+            [](const Taken& a, const Taken& b) { return a.pos < b.pos; });
   size_t done = 0;
-  for (const Hit& h : taken) {
+  for (const Taken& h : taken) {
     if (h.pos > done) out->push_back({text.substr(done, h.pos - done), -1});
     const size_t len = tokens_[h.token].first.size();
     out->push_back({text.substr(h.pos, len), tokens_[h.token].second});
