@@ -21,6 +21,7 @@ int RunKeys(const std::vector<std::string>& args);
 int RunAudit(const std::vector<std::string>& args);
 int RunEval(const std::vector<std::string>& args);
 int RunModel(const std::vector<std::string>& args);
+int RunModelTokenize(const std::vector<std::string>& args);  // `kvguard model tokenize`
 int RunServe(const std::vector<std::string>& args);
 int RunTenant(const std::vector<std::string>& args);
 

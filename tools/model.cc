@@ -1,7 +1,8 @@
 // `kvguard model inspect PATH.gguf`: what a GGUF file holds and what the engine will make of
-// it: architecture and shapes, every tensor's stored type, the tokenizer, the bytes of the
-// weight matrices in each engine format after conversion (with the INT4 fallbacks), and the
-// KV cache bytes per token.
+// it: architecture and shapes, every tensor's stored type, the tokenizer and its pre-tokenizer
+// (`kvguard model tokenize`, model_tokenize.cc, runs it on a text), the bytes of the weight
+// matrices in each engine format after conversion (with the INT4 fallbacks), and the KV cache
+// bytes per token.
 #include "core/model/model.h"
 
 #include <cstdio>
@@ -22,11 +23,15 @@ namespace {
 
 int ModelUsage(const std::string& error) {
   if (!error.empty()) std::fprintf(stderr, "kvguard model: %s\n\n", error.c_str());
-  std::fprintf(stderr,
-               "usage: kvguard model inspect PATH.gguf [--int4-group G]\n"
-               "  prints the architecture, shapes, tensor types, tokenizer, the weight bytes\n"
-               "  in each engine format after conversion and the KV cache bytes per token\n"
-               "  --int4-group G   the INT4 group asked for: 32, 64, 128 (default)\n");
+  std::fprintf(
+      stderr,
+      "usage: kvguard model inspect PATH.gguf [--int4-group G]\n"
+      "  prints the architecture, shapes, tensor types, tokenizer (and its\n"
+      "  pre-tokenizer), the weight bytes in each engine format after conversion and\n"
+      "  the KV cache bytes per token\n"
+      "  --int4-group G   the INT4 group asked for: 32, 64, 128 (default)\n"
+      "       kvguard model tokenize PATH.gguf (--text T | --file F) [--no-bos] [--pieces]\n"
+      "  prints the token ids of the text as a JSON array (see --help after tokenize)\n");
   return error.empty() ? 0 : 2;
 }
 
@@ -36,10 +41,24 @@ std::string Shape(const std::vector<uint64_t>& ne) {
   return s;
 }
 
+// TokenizerLine: the tokenizer's summary (kind, pre-tokenizer, vocabulary, special tokens), or
+// why kvguard cannot use it.
+std::string TokenizerLine(const core::gguf::File& f) {
+  absl::StatusOr<std::unique_ptr<core::GgufTokenizer>> tok = core::GgufTokenizer::Create(f);
+  return tok.ok() ? (*tok)->Summary() : absl::StrCat("unusable: ", tok.status().message());
+}
+
 int Inspect(const std::string& path, int int4_group) {
   absl::StatusOr<std::unique_ptr<core::GgufWeightSource>> source =
       core::GgufWeightSource::Open(path);
   if (!source.ok()) {
+    // The engine cannot load it; its tokenizer may still be readable (a vocabulary-only file, an
+    // architecture kvguard does not run), and saying which one it is helps.
+    if (absl::StatusOr<std::unique_ptr<core::gguf::File>> f = core::gguf::File::Open(path);
+        f.ok()) {
+      std::printf("tokenizer     %s\n", TokenizerLine(**f).c_str());
+      std::fflush(stdout);
+    }
     std::fprintf(stderr, "kvguard model inspect: %s\n",
                  std::string(source.status().message()).c_str());
     return 1;
@@ -61,10 +80,7 @@ int Inspect(const std::string& path, int int4_group) {
       c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim, c.vocab_size,
       c.max_context, c.rope_theta, c.norm_eps, c.tied_embeddings ? "tied" : "untied",
       c.ParameterCount() / 1e6);
-  absl::StatusOr<std::unique_ptr<core::GgufTokenizer>> tok = core::GgufTokenizer::Create(f);
-  std::printf("tokenizer     %s\n",
-              tok.ok() ? (*tok)->Summary().c_str()
-                       : absl::StrCat("unusable: ", tok.status().message()).c_str());
+  std::printf("tokenizer     %s\n", TokenizerLine(f).c_str());
 
   std::printf("\ntensors (name, stored type, shape ne[0] x ne[1], bytes):\n");
   std::map<std::string, std::pair<int, uint64_t>> by_type;
@@ -143,8 +159,11 @@ int Inspect(const std::string& path, int int4_group) {
 }  // namespace
 
 int RunModel(const std::vector<std::string>& argv) {
-  if (argv.empty()) return ModelUsage("missing subcommand (inspect)");
+  if (argv.empty()) return ModelUsage("missing subcommand (inspect, tokenize)");
   if (argv[0] == "--help" || argv[0] == "-h") return ModelUsage("");
+  if (argv[0] == "tokenize") {
+    return RunModelTokenize(std::vector<std::string>(argv.begin() + 1, argv.end()));
+  }
   if (argv[0] != "inspect") return ModelUsage("unknown subcommand '" + argv[0] + "'");
   std::string path;
   int int4_group = 128;

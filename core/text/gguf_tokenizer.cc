@@ -1,12 +1,15 @@
 #include "core/text/gguf_tokenizer.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <queue>
 #include <string>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace kvguard::core {
 namespace {
@@ -17,7 +20,72 @@ constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
 // ggml token types (tokenizer.ggml.token_type).
 constexpr int kTypeUnknown = 2;
 constexpr int kTypeControl = 3;
+constexpr int kTypeUserDefined = 4;
 constexpr int kTypeByte = 6;
+
+// Token texts llama.cpp treats as control whatever their token_type (end-of-generation and
+// fill-in-the-middle markers it recognises by text); kvguard does too, so they are never found
+// in a prompt.
+bool PromotedToControl(std::string_view text) {
+  static constexpr std::string_view kTexts[] = {"<|eot_id|>",
+                                                "<|im_end|>",
+                                                "<|end|>",
+                                                "<end_of_turn>",
+                                                "<|endoftext|>",
+                                                "<EOT>",
+                                                "_<EOT>",
+                                                "<\xEF\xBD\x9C"
+                                                "end\xE2\x96\x81"
+                                                "of\xE2\x96\x81"
+                                                "sentence\xEF\xBD\x9C>",
+                                                "<end_of_utterance>",
+                                                "<|return|>",
+                                                "<|call|>",
+                                                "<|eom_id|>",
+                                                "<|end_of_text|>",
+                                                "<PRE>",
+                                                "<SUF>",
+                                                "<MID>",
+                                                "<PAD>",
+                                                "\xE2\x96\x81<PRE>",
+                                                "\xE2\x96\x81<SUF>",
+                                                "\xE2\x96\x81<MID>",
+                                                "<fim-prefix>",
+                                                "<fim-suffix>",
+                                                "<fim-middle>",
+                                                "<fim-pad>",
+                                                "<fim-repo>",
+                                                "<fim_prefix>",
+                                                "<fim_suffix>",
+                                                "<fim_middle>",
+                                                "<fim_pad>",
+                                                "<|fim_prefix|>",
+                                                "<|fim_suffix|>",
+                                                "<|fim_middle|>",
+                                                "<|fim_pad|>",
+                                                "<|fim_repo|>",
+                                                "<|fim_sep|>",
+                                                "<\xEF\xBD\x9C"
+                                                "fim\xE2\x96\x81"
+                                                "begin\xEF\xBD\x9C>",
+                                                "<\xEF\xBD\x9C"
+                                                "fim\xE2\x96\x81"
+                                                "hole\xEF\xBD\x9C>",
+                                                "<\xEF\xBD\x9C"
+                                                "fim\xE2\x96\x81"
+                                                "end\xEF\xBD\x9C>",
+                                                "<|code_prefix|>",
+                                                "<|code_suffix|>",
+                                                "<|code_middle|>",
+                                                "<reponame>",
+                                                "<REPO>",
+                                                "<|repo_name|>",
+                                                "<|file_sep|>"};
+  for (std::string_view t : kTexts) {
+    if (t == text) return true;
+  }
+  return false;
+}
 
 // Utf8Length returns the length of the well-formed UTF-8 sequence at text[pos] (1..4), or 0
 // when the bytes there are not one (then the byte stands alone). *cp receives the code point.
@@ -84,81 +152,6 @@ std::array<uint32_t, 256> ByteToCodePoint() {
     map[b] = printable ? b : next++;
   }
   return map;
-}
-
-bool IsSpace(uint32_t cp) {
-  return cp == ' ' || (cp >= 0x09 && cp <= 0x0D) || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
-         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F ||
-         cp == 0x205F || cp == 0x3000;
-}
-bool IsDigit(uint32_t cp) { return cp >= '0' && cp <= '9'; }
-bool IsLetter(uint32_t cp) {
-  return (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z') ||
-         (cp >= 0x80 && cp != 0xFFFFFFFF && !IsSpace(cp));
-}
-enum class CharClass { kLetter, kDigit, kSpace, kOther };
-CharClass Classify(uint32_t cp) {
-  if (IsLetter(cp)) return CharClass::kLetter;
-  if (IsDigit(cp)) return CharClass::kDigit;
-  if (IsSpace(cp)) return CharClass::kSpace;
-  return CharClass::kOther;
-}
-
-// Gpt2Split cuts `text` into the pieces GPT-2's pattern matches:
-//   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-std::vector<std::string_view> Gpt2Split(std::string_view text) {
-  struct Char {
-    size_t pos, len;
-    CharClass cls;
-    uint32_t cp;
-  };
-  std::vector<Char> chars;
-  for (size_t pos = 0; pos < text.size();) {
-    uint32_t cp = 0;
-    const size_t n = SymbolLength(text, pos, &cp);
-    chars.push_back({pos, n, Classify(cp), cp});
-    pos += n;
-  }
-  std::vector<std::string_view> pieces;
-  const size_t n = chars.size();
-  auto emit = [&](size_t from, size_t to) {  // chars [from, to)
-    const size_t begin = chars[from].pos;
-    const size_t end = to < n ? chars[to].pos : text.size();
-    pieces.push_back(text.substr(begin, end - begin));
-  };
-  for (size_t i = 0; i < n;) {
-    // Contractions.
-    if (chars[i].cp == '\'' && i + 1 < n) {
-      const uint32_t a = chars[i + 1].cp, b = i + 2 < n ? chars[i + 2].cp : 0;
-      size_t len = 0;
-      if (a == 's' || a == 't' || a == 'm' || a == 'd') len = 2;
-      if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) len = 3;
-      if (len > 0) {
-        emit(i, i + len);
-        i += len;
-        continue;
-      }
-    }
-    // " ?X+" for X in letters, digits, other.
-    size_t j = i;
-    if (chars[j].cp == ' ' && j + 1 < n && chars[j + 1].cls != CharClass::kSpace) ++j;
-    if (chars[j].cls != CharClass::kSpace) {
-      const CharClass cls = chars[j].cls;
-      size_t k = j + 1;
-      while (k < n && chars[k].cls == cls) ++k;
-      emit(i, k);
-      i = k;
-      continue;
-    }
-    // Whitespace: \s+(?!\S) leaves the last space of a run followed by a non-space to the next
-    // piece; a single space before a non-space is matched by \s+.
-    size_t k = i;
-    while (k < n && chars[k].cls == CharClass::kSpace) ++k;
-    if (k < n && k - i > 1) --k;
-    emit(i, k);
-    i = k;
-  }
-  return pieces;
 }
 
 // HexByte parses "<0xXX>" into *b.
@@ -276,7 +269,18 @@ absl::StatusOr<std::unique_ptr<GgufTokenizer>> GgufTokenizer::Create(const gguf:
   if (auto s = SpecialId(f, "tokenizer.ggml.unknown_token_id", v, spm ? 0 : -1, &t->unk_); !s.ok())
     return s;
   if (spm && v <= 2) t->bos_ = t->eos_ = t->unk_ = -1;  // defaults need a vocabulary
-  t->add_bos_ = spm;
+  if (!spm) {
+    std::string_view pre;
+    if (f.Find("tokenizer.ggml.pre") != nullptr) {
+      absl::StatusOr<std::string_view> p = f.GetString("tokenizer.ggml.pre");
+      if (!p.ok()) return p.status();
+      pre = *p;
+    }
+    absl::StatusOr<std::unique_ptr<PreTokenizer>> p = PreTokenizer::Create(pre);
+    if (!p.ok()) return p.status();
+    t->pre_ = *std::move(p);
+  }
+  t->add_bos_ = spm || t->pre_->add_bos();
   t->add_space_prefix_ = spm;
   if (auto s = OptionalBool(f, "tokenizer.ggml.add_bos_token", &t->add_bos_); !s.ok()) return s;
   if (auto s = OptionalBool(f, "tokenizer.ggml.add_eos_token", &t->add_eos_); !s.ok()) return s;
@@ -294,6 +298,7 @@ absl::StatusOr<std::unique_ptr<GgufTokenizer>> GgufTokenizer::Create(const gguf:
   t->pieces_.resize(vocab);
   t->special_.assign(vocab, false);
   t->index_.reserve(vocab);
+  std::vector<std::pair<std::string, int>> added;
   for (size_t i = 0; i < vocab; ++i) {
     const std::string_view text = (*tokens)->strings[i];
     t->tokens_[i] = std::string(text);
@@ -301,9 +306,12 @@ absl::StatusOr<std::unique_ptr<GgufTokenizer>> GgufTokenizer::Create(const gguf:
     std::string& piece = t->pieces_[i];
     unsigned char byte = 0;
     const bool special = types[i] == kTypeControl || static_cast<int>(i) == t->bos_ ||
-                         static_cast<int>(i) == t->eos_;
+                         static_cast<int>(i) == t->eos_ || PromotedToControl(text);
     if (special) {
       t->special_[i] = true;
+    } else if (types[i] == kTypeUserDefined) {
+      piece = std::string(text);
+      added.emplace_back(piece, static_cast<int>(i));
     } else if (types[i] == kTypeUnknown || static_cast<int>(i) == t->unk_) {
       piece = std::string(kReplacement);
     } else if (spm && types[i] == kTypeByte && HexByte(text, &byte)) {
@@ -332,12 +340,23 @@ absl::StatusOr<std::unique_ptr<GgufTokenizer>> GgufTokenizer::Create(const gguf:
       }
     }
   }
+  // llama.cpp strips the whitespace after Phi-3's user-defined tokens (it knows the model by
+  // general.name); so does kvguard, to give the same ids.
+  bool rstrip = false;
+  if (absl::StatusOr<std::string_view> name = f.GetString("general.name"); name.ok()) {
+    const std::string lower = absl::AsciiStrToLower(std::string(*name));
+    rstrip = lower.find("phi-3") != std::string::npos || lower.find("phi3") != std::string::npos;
+  }
+  t->added_ = AddedTokens(std::move(added), rstrip);
   if (!spm) {
-    for (int b = 0; b < 256; ++b) t->byte_id_[b] = t->TokenId(t->byte_char_[b]);
+    for (int b = 0; b < 256; ++b) {
+      t->byte_id_[b] = t->TokenId(t->byte_char_[b]);
+      t->byte_symbol_[b] = t->SymbolId(t->byte_char_[b]);
+    }
     absl::StatusOr<const gguf::Value*> merges =
         f.GetArray("tokenizer.ggml.merges", gguf::ValueType::kString);
     if (!merges.ok()) return merges.status();
-    t->merge_rank_.reserve((*merges)->strings.size());
+    t->merges_.reserve((*merges)->strings.size());
     for (size_t i = 0; i < (*merges)->strings.size(); ++i) {
       const std::string_view m = (*merges)->strings[i];
       const size_t space = m.size() > 1 ? m.find(' ', 1) : std::string_view::npos;
@@ -345,15 +364,32 @@ absl::StatusOr<std::unique_ptr<GgufTokenizer>> GgufTokenizer::Create(const gguf:
         return absl::InvalidArgumentError(absl::StrCat("key 'tokenizer.ggml.merges': entry ", i,
                                                        " is not two symbols separated by a space"));
       }
-      t->merge_rank_.emplace(std::string(m), static_cast<int>(i));
+      const int left = t->SymbolId(std::string(m.substr(0, space)));
+      const int right = t->SymbolId(std::string(m.substr(space + 1)));
+      const int merged =
+          t->SymbolId(std::string(m.substr(0, space)) + std::string(m.substr(space + 1)));
+      t->merges_.emplace(uint64_t{static_cast<uint32_t>(left)} << 32 | static_cast<uint32_t>(right),
+                         Merge{static_cast<int>(i), merged});
     }
+    std::vector<int> replacement;
+    t->BpeWord(kReplacement, &replacement);
+    t->replacement_ids_ = std::move(replacement);
   }
   return t;
 }
 
 int GgufTokenizer::TokenId(std::string_view text) const {
-  auto it = index_.find(std::string(text));
-  return it == index_.end() ? -1 : it->second;
+  auto it = index_.find(absl::string_view(text.data(), text.size()));
+  // Text never becomes a control token, however it is merged.
+  return it == index_.end() || special_[it->second] ? -1 : it->second;
+}
+
+int GgufTokenizer::SymbolId(const std::string& text) {
+  if (const int id = TokenId(text); id >= 0) return id;
+  auto [it, inserted] =
+      extra_index_.emplace(text, vocab_size() + static_cast<int>(extra_symbols_.size()));
+  if (inserted) extra_symbols_.push_back(text);
+  return it->second;
 }
 
 void GgufTokenizer::AppendByte(unsigned char b, std::vector<int>* ids) const {
@@ -364,24 +400,41 @@ void GgufTokenizer::AppendByte(unsigned char b, std::vector<int>* ids) const {
   }
 }
 
+// WordCache: a text repeats its words; each distinct piece is merged once per Encode call.
+struct GgufTokenizer::WordCache {
+  absl::flat_hash_map<absl::string_view, std::pair<uint32_t, uint32_t>> index;  // -> [begin, end)
+  std::vector<int> ids;
+};
+
 std::vector<int> GgufTokenizer::Encode(std::string_view text, bool add_bos) const {
   std::vector<int> ids;
   if (add_bos && add_bos_ && bos_ >= 0) ids.push_back(bos_);
-  if (!text.empty()) {
-    if (kind_ == Kind::kSpm) {
-      EncodeSpm(text, &ids);
-    } else {
-      EncodeBpe(text, &ids);
+  std::vector<AddedTokens::Fragment> fragments;
+  added_.Split(text, &fragments);
+  WordCache cache;
+  bool after_token = true;  // SPM: a space prefix at the start and after each added token
+  for (const AddedTokens::Fragment& f : fragments) {
+    if (f.id >= 0) {
+      ids.push_back(f.id);
+      after_token = true;
+      continue;
     }
+    if (kind_ == Kind::kSpm) {
+      EncodeSpm(f.text, add_space_prefix_ && after_token, &ids);
+    } else {
+      EncodeBpe(f.text, &cache, &ids);
+    }
+    after_token = false;
   }
   if (add_bos && add_eos_ && eos_ >= 0) ids.push_back(eos_);
   return ids;
 }
 
-void GgufTokenizer::EncodeSpm(std::string_view raw, std::vector<int>* ids) const {
+void GgufTokenizer::EncodeSpm(std::string_view raw, bool space_prefix,
+                              std::vector<int>* ids) const {
   std::string text;
   text.reserve(raw.size() * 3 + 3);
-  if (add_space_prefix_) text.append(kSpmSpace);
+  if (space_prefix) text.append(kSpmSpace);
   for (const char c : raw) {
     if (c == ' ') {
       text.append(kSpmSpace);
@@ -444,52 +497,105 @@ void GgufTokenizer::EncodeSpm(std::string_view raw, std::vector<int>* ids) const
   }
 }
 
-void GgufTokenizer::EncodeBpe(std::string_view text, std::vector<int>* ids) const {
-  std::string piece_text;
-  if (add_space_prefix_) {
-    piece_text = absl::StrCat(" ", std::string(text));
-    text = piece_text;
+void GgufTokenizer::EncodeBpe(std::string_view text, WordCache* cache,
+                              std::vector<int>* ids) const {
+  std::vector<std::string_view> pieces;
+  pre_->Split(text, &pieces);
+  for (const std::string_view piece : pieces) {
+    const absl::string_view key(piece.data(), piece.size());
+    auto it = cache->index.find(key);
+    if (it == cache->index.end()) {
+      const auto begin = static_cast<uint32_t>(cache->ids.size());
+      BpeWord(piece, &cache->ids);
+      it =
+          cache->index.emplace(key, std::make_pair(begin, static_cast<uint32_t>(cache->ids.size())))
+              .first;
+    }
+    ids->insert(ids->end(), cache->ids.begin() + it->second.first,
+                cache->ids.begin() + it->second.second);
   }
-  for (const std::string_view piece : Gpt2Split(text)) BpeWord(piece, ids);
+}
+
+void GgufTokenizer::AppendSymbol(int id, std::vector<int>* ids) const {
+  if (id < vocab_size()) {
+    ids->push_back(id);
+    return;
+  }
+  // A merge result that is no token (a malformed vocabulary), or a byte the vocabulary has no
+  // token for (some leave out C0, C1 and F5-FF, which UTF-8 never uses): its characters' tokens,
+  // and for a character without one UNK, else U+FFFD's tokens (what llama.cpp, which replaces
+  // invalid UTF-8 by U+FFFD before tokenizing, gives such a byte).
+  const std::string& s = extra_symbols_[id - vocab_size()];
+  for (size_t p = 0; p < s.size();) {
+    uint32_t cp = 0;
+    const size_t n = SymbolLength(s, p, &cp);
+    const int char_id = TokenId(std::string_view(s).substr(p, n));
+    if (char_id >= 0) {
+      ids->push_back(char_id);
+    } else if (unk_ >= 0) {
+      ids->push_back(unk_);
+    } else {
+      ids->insert(ids->end(), replacement_ids_.begin(), replacement_ids_.end());
+    }
+    p += n;
+  }
 }
 
 void GgufTokenizer::BpeWord(std::string_view piece, std::vector<int>* ids) const {
-  std::vector<std::string> symbols;
-  symbols.reserve(piece.size());
-  for (const char c : piece) symbols.push_back(byte_char_[static_cast<unsigned char>(c)]);
-  // Merge the lowest-ranked adjacent pair (leftmost on ties) until no pair has a rank.
-  std::string key;
-  while (symbols.size() > 1) {
-    int best = -1, best_rank = 0;
-    for (size_t i = 0; i + 1 < symbols.size(); ++i) {
-      key = absl::StrCat(symbols[i], " ", symbols[i + 1]);
-      auto it = merge_rank_.find(key);
-      if (it != merge_rank_.end() && (best < 0 || it->second < best_rank)) {
-        best = static_cast<int>(i), best_rank = it->second;
-      }
-    }
-    if (best < 0) break;
-    symbols[best] += symbols[best + 1];
-    symbols.erase(symbols.begin() + best + 1);
+  if (piece.size() == 1) {
+    AppendSymbol(byte_symbol_[static_cast<unsigned char>(piece[0])], ids);
+    return;
   }
-  for (const std::string& s : symbols) {
-    const int id = TokenId(s);
-    if (id >= 0) {
+  if (pre_->ignore_merges()) {
+    std::string mapped;
+    for (const char c : piece) mapped += byte_char_[static_cast<unsigned char>(c)];
+    if (const int id = TokenId(mapped); id >= 0) {
       ids->push_back(id);
-      continue;
-    }
-    for (size_t p = 0; p < s.size();) {  // unmerged: one byte character at a time
-      uint32_t cp = 0;
-      const size_t n = SymbolLength(s, p, &cp);
-      const int byte_id = TokenId(std::string_view(s).substr(p, n));
-      if (byte_id >= 0) {
-        ids->push_back(byte_id);
-      } else if (unk_ >= 0) {
-        ids->push_back(unk_);
-      }
-      p += n;
+      return;
     }
   }
+  // Symbols form a linked list; merging gives the left one the merged id and kills the right.
+  struct Symbol {
+    int id, prev, next;
+  };
+  std::vector<Symbol> sym(piece.size());
+  for (size_t i = 0; i < piece.size(); ++i) {
+    sym[i] = {byte_symbol_[static_cast<unsigned char>(piece[i])], static_cast<int>(i) - 1,
+              i + 1 < piece.size() ? static_cast<int>(i) + 1 : -1};
+  }
+  // Candidate merges, lowest rank first, then leftmost. A candidate is stale when either symbol
+  // has changed since (symbols only grow, so equal ids mean the same pair).
+  struct Candidate {
+    int rank, left, left_id, right_id, merged;
+  };
+  const auto later = [](const Candidate& a, const Candidate& b) {
+    return a.rank > b.rank || (a.rank == b.rank && a.left > b.left);
+  };
+  std::vector<Candidate> heap;
+  const auto consider = [&](int left) {
+    if (left < 0 || sym[left].next < 0) return;
+    const int l = sym[left].id, r = sym[sym[left].next].id;
+    auto it = merges_.find(uint64_t{static_cast<uint32_t>(l)} << 32 | static_cast<uint32_t>(r));
+    if (it == merges_.end()) return;
+    heap.push_back({it->second.rank, left, l, r, it->second.merged});
+    std::push_heap(heap.begin(), heap.end(), later);
+  };
+  for (size_t i = 0; i + 1 < piece.size(); ++i) consider(static_cast<int>(i));
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), later);
+    const Candidate c = heap.back();
+    heap.pop_back();
+    Symbol& l = sym[c.left];
+    if (l.id != c.left_id || l.next < 0 || sym[l.next].id != c.right_id) continue;
+    Symbol& r = sym[l.next];
+    l.id = c.merged;
+    r.id = -1;
+    l.next = r.next;
+    if (r.next >= 0) sym[r.next].prev = c.left;
+    consider(l.prev);
+    consider(c.left);
+  }
+  for (int i = 0; i >= 0; i = sym[i].next) AppendSymbol(sym[i].id, ids);
 }
 
 std::string GgufTokenizer::DecodeToken(int id) const {
@@ -517,9 +623,12 @@ std::string GgufTokenizer::Summary() const {
   auto name = [&](int id) {
     return id < 0 ? std::string("none") : absl::StrCat(id, " '", tokens_[id], "'");
   };
-  return absl::StrCat(kind_ == Kind::kSpm ? "llama (SentencePiece)" : "gpt2 (byte-level BPE)", ", ",
-                      tokens_.size(), " tokens",
-                      kind_ == Kind::kBpe ? absl::StrCat(", ", merge_rank_.size(), " merges") : "",
+  return absl::StrCat(kind_ == Kind::kSpm ? std::string("llama (SentencePiece)")
+                                          : absl::StrCat("gpt2 (byte-level BPE), pre-tokenizer '",
+                                                         pre_->name(), "' (", pre_->family(), ")"),
+                      ", ", tokens_.size(), " tokens",
+                      kind_ == Kind::kBpe ? absl::StrCat(", ", merges_.size(), " merges") : "",
+                      added_.empty() ? "" : absl::StrCat(", ", added_.size(), " user-defined"),
                       "; BOS ", name(bos_), ", EOS ", name(eos_), ", UNK ", name(unk_),
                       "; add BOS ", add_bos_ ? "yes" : "no", ", add EOS ", add_eos_ ? "yes" : "no",
                       ", space prefix ", add_space_prefix_ ? "yes" : "no");

@@ -200,6 +200,28 @@ std::vector<float> PermuteForGguf(const std::vector<float>& w, int head_dim, int
   return out;
 }
 
+std::vector<std::string> Gpt2ByteTokens() {
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b) {
+    int cp = b;
+    if (!((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174)) {
+      int n = 0;
+      for (int x = 0; x < b; ++x)
+        n += !((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174);
+      cp = 256 + n;
+    }
+    std::string s;
+    if (cp < 0x80) {
+      s.push_back(static_cast<char>(cp));
+    } else {
+      s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+      s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    }
+    tokens.push_back(s);
+  }
+  return tokens;
+}
+
 void AddSpmVocab(GgufWriter& w, const std::vector<std::string>& extra,
                  const std::vector<float>& extra_scores) {
   std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};

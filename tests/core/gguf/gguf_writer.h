@@ -88,6 +88,10 @@ std::vector<float> PermuteForGguf(const std::vector<float>& w, int head_dim, int
 void AddSpmVocab(GgufWriter& w, const std::vector<std::string>& extra = {},
                  const std::vector<float>& extra_scores = {});
 
+// Gpt2ByteTokens returns the 256 byte characters of a GPT-2 byte-level vocabulary, in byte order
+// (byte b is token b), written out from GPT-2's bytes_to_unicode independently of the tokenizer.
+std::vector<std::string> Gpt2ByteTokens();
+
 // WriteLlama writes every tensor of `source` (its config's shape) as `type`, with the llama
 // metadata for its config and an SPM vocabulary of source.config().vocab_size tokens (byte
 // tokens plus filler), as a GGUF of `version`. `skip_tensor` is left out when set.

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
 #include "tests/core/gguf/gguf_writer.h"
 #include "tests/core/shared_models.h"
@@ -16,6 +18,7 @@ namespace kvguard::core {
 namespace {
 
 using testing::GgufWriter;
+using testing::Gpt2ByteTokens;
 
 const std::string kSp = "\xE2\x96\x81";  // U+2581
 
@@ -109,6 +112,35 @@ TEST(GgufSpmTest, BosEosAndSpacePrefixFollowTheMetadata) {
   EXPECT_EQ(with.tok->Decode(ids), "<s>");
 }
 
+// Phi-3 (known by general.name, as llama.cpp knows it): whitespace after a user-defined token is
+// dropped; another model keeps it (the twin). Either way the next text gets the space prefix.
+TEST(GgufSpmTest, Phi3DropsWhitespaceAfterUserDefinedTokens) {
+  for (const bool phi3 : {true, false}) {
+    std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
+    std::vector<int32_t> types = {2, 3, 3};
+    for (int b = 0; b < 256; ++b) {
+      tokens.push_back(absl::StrFormat("<0x%02X>", b));
+      types.push_back(6);
+    }
+    for (const std::string& t : {kSp, std::string("a"), std::string("b"), std::string("<x>")}) {
+      tokens.push_back(t);
+      types.push_back(t == "<x>" ? 4 : 1);  // <x>: user-defined
+    }
+    GgufWriter w;
+    w.Str("tokenizer.ggml.model", "llama")
+        .Str("general.name", phi3 ? "Phi3" : "Llama")
+        .StrArray("tokenizer.ggml.tokens", tokens)
+        .I32Array("tokenizer.ggml.token_type", types);
+    TokFile l = Make(w);
+    ASSERT_NE(l.tok, nullptr);
+    const std::vector<int> ids = l.tok->Encode("a<x> \tb", false);
+    std::vector<int> want = {kFirstExtra, kFirstExtra + 1, kFirstExtra + 3, kFirstExtra};
+    if (!phi3) want.insert(want.end(), {kFirstExtra, 3 + '\t'});  // " \t" -> ▁ ▁ <0x09>
+    want.push_back(kFirstExtra + 2);
+    EXPECT_EQ(ids, want) << (phi3 ? "Phi3" : "Llama");
+  }
+}
+
 TEST(GgufSpmTest, RoundTripsEveryScript) {
   GgufWriter w;
   testing::AddSpmVocab(w, {kSp, "a", "e", "n", kSp + "a", "an", kSp + "the", "Ü", "雲"});
@@ -121,28 +153,9 @@ TEST(GgufSpmTest, RoundTripsEveryScript) {
 
 // ---- GPT-2 byte-level BPE ---------------------------------------------------------------------
 
-// A GPT-2 vocabulary: the 256 byte characters (in byte order, so byte b has id b), then the
-// merged tokens; merges t h < th e < Ġ the.
+// A GPT-2 vocabulary: the byte characters, then the merged tokens; merges t h < th e < Ġ the.
 GgufWriter Gpt2Writer(bool with_merges) {
-  std::vector<std::string> tokens;
-  for (int b = 0; b < 256; ++b) {
-    // GPT-2's bytes_to_unicode, written out independently of the tokenizer's table.
-    int cp = b;
-    if (!((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174)) {
-      int n = 0;
-      for (int x = 0; x < b; ++x)
-        n += !((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174);
-      cp = 256 + n;
-    }
-    std::string s;
-    if (cp < 0x80) {
-      s.push_back(static_cast<char>(cp));
-    } else {
-      s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-      s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
-    tokens.push_back(s);
-  }
+  std::vector<std::string> tokens = Gpt2ByteTokens();
   for (const char* t : {"th", "the", "\xC4\xA0the", "<|endoftext|>"}) tokens.push_back(t);
   std::vector<int32_t> types(tokens.size(), 1);
   types.back() = 3;
@@ -177,6 +190,86 @@ TEST(GgufBpeTest, RoundTripsEveryScript) {
   ASSERT_NE(l.tok, nullptr);
   for (const std::string& text : RoundTripTexts()) {
     EXPECT_EQ(l.tok->Decode(l.tok->Encode(text, true)), text) << text;
+  }
+}
+
+// User-defined tokens (token_type 4) in the text are those tokens; control tokens, and
+// user-defined ones whose text llama.cpp treats as control, stay text.
+TEST(GgufBpeTest, FindsUserDefinedTokensNeverControlTokens) {
+  std::vector<std::string> tokens = Gpt2ByteTokens();  // ids 0..255
+  for (const char* t : {"<tool>", "<tool>x", "<|im_end|>", "<|endoftext|>"}) tokens.push_back(t);
+  std::vector<int32_t> types(tokens.size(), 1);
+  types[256] = types[257] = 4;  // <tool>, <tool>x: user-defined
+  types[258] = 3;               // <|im_end|>: control
+  types[259] = 4;               // <|endoftext|>: user-defined, read as control
+  const auto make = [&] {
+    GgufWriter w;
+    w.Str("tokenizer.ggml.model", "gpt2")
+        .Str("tokenizer.ggml.pre", "gpt-2")
+        .StrArray("tokenizer.ggml.tokens", tokens)
+        .I32Array("tokenizer.ggml.token_type", types)
+        .StrArray("tokenizer.ggml.merges", {});
+    return Make(w);
+  };
+  TokFile l = make();
+  ASSERT_NE(l.tok, nullptr);
+  // The longer user-defined token is found first; "<tool>" where "<tool>x" does not fit.
+  const std::string text = "a<tool>x<tool>b<|im_end|><|endoftext|>";
+  const std::vector<int> ids = l.tok->Encode(text, false);
+  std::vector<int> want = {'a', 257, 256, 'b'};
+  for (const char c : std::string("<|im_end|><|endoftext|>")) want.push_back(c);
+  EXPECT_EQ(ids, want);
+  EXPECT_EQ(l.tok->Decode(ids), text);  // user-defined tokens decode to their text
+  EXPECT_EQ(l.tok->DecodeToken(258), "");
+  EXPECT_EQ(l.tok->DecodeToken(259), "");
+  // Positive twin: typed normal, "<tool>" is merely text (no merges: its bytes).
+  types[256] = types[257] = 1;
+  TokFile plain = make();
+  ASSERT_NE(plain.tok, nullptr);
+  EXPECT_EQ(plain.tok->Encode("<tool>", false), (std::vector<int>{'<', 't', 'o', 'o', 'l', '>'}));
+}
+
+// A merge whose result is a control token's text does not give the control token, and neither
+// does a piece that is one under Llama 3's whole-piece rule; typed normal (the twin), it does.
+TEST(GgufBpeTest, MergesNeverProduceControlTokens) {
+  for (const char* pre : {"gpt-2", "llama-bpe"}) {
+    for (const int type : {3, 1}) {
+      std::vector<std::string> tokens = Gpt2ByteTokens();
+      tokens.push_back("ab");  // id 256
+      std::vector<int32_t> types(tokens.size(), 1);
+      types[256] = type;
+      GgufWriter w;
+      w.Str("tokenizer.ggml.model", "gpt2")
+          .Str("tokenizer.ggml.pre", pre)
+          .StrArray("tokenizer.ggml.tokens", tokens)
+          .I32Array("tokenizer.ggml.token_type", types)
+          .StrArray("tokenizer.ggml.merges", {"a b"});
+      TokFile l = Make(w);
+      ASSERT_NE(l.tok, nullptr);
+      const std::vector<int> want = type == 3 ? std::vector<int>{'a', 'b'} : std::vector<int>{256};
+      EXPECT_EQ(l.tok->Encode("ab", false), want) << pre << " type " << type;
+    }
+  }
+}
+
+// A byte the vocabulary has no token for (here 0xFF) becomes U+FFFD's tokens, as in llama.cpp,
+// rather than vanishing; with the token (the twin) it comes back as itself.
+TEST(GgufBpeTest, BytesWithoutATokenBecomeReplacementCharacter) {
+  for (const bool has_ff : {false, true}) {
+    std::vector<std::string> tokens = Gpt2ByteTokens();
+    if (!has_ff) tokens[255] = "<unused>";
+    GgufWriter w;
+    w.Str("tokenizer.ggml.model", "gpt2")
+        .Str("tokenizer.ggml.pre", "gpt-2")
+        .StrArray("tokenizer.ggml.tokens", tokens)
+        .StrArray("tokenizer.ggml.merges", {});
+    TokFile l = Make(w);
+    ASSERT_NE(l.tok, nullptr);
+    const std::vector<int> ids = l.tok->Encode("a\xFF", false);
+    const std::vector<int> want =
+        has_ff ? std::vector<int>{'a', 255} : std::vector<int>{'a', 0xEF, 0xBF, 0xBD};
+    EXPECT_EQ(ids, want);
+    EXPECT_EQ(l.tok->Decode(ids), has_ff ? "a\xFF" : "a\xEF\xBF\xBD");
   }
 }
 
@@ -215,6 +308,22 @@ TEST(GgufTokenizerTest, RefusesMalformedMetadata) {
          w.Str("tokenizer.ggml.model", "gpt2").StrArray("tokenizer.ggml.tokens", {"a"});
        },
        "missing key 'tokenizer.ggml.merges'"},
+      {"unknown pre-tokenizer",
+       [](GgufWriter& w) {
+         w.Str("tokenizer.ggml.model", "gpt2")
+             .Str("tokenizer.ggml.pre", "frobnicate")
+             .StrArray("tokenizer.ggml.tokens", {"a"})
+             .StrArray("tokenizer.ggml.merges", {});
+       },
+       "key 'tokenizer.ggml.pre' is 'frobnicate': kvguard does not know this pre-tokenizer"},
+      {"pre-tokenizer of the wrong type",
+       [](GgufWriter& w) {
+         w.Str("tokenizer.ggml.model", "gpt2")
+             .U32("tokenizer.ggml.pre", 7)
+             .StrArray("tokenizer.ggml.tokens", {"a"})
+             .StrArray("tokenizer.ggml.merges", {});
+       },
+       "tokenizer.ggml.pre"},
       {"malformed merge",
        [](GgufWriter& w) {
          w.Str("tokenizer.ggml.model", "gpt2")
@@ -234,7 +343,26 @@ TEST(GgufTokenizerTest, RefusesMalformedMetadata) {
     EXPECT_NE(std::string(t.status().message()).find(c.error), std::string::npos)
         << c.name << ": " << t.status();
   }
-  // Positive twin: a well-formed small vocabulary loads.
+  // Positive twins: a well-formed small vocabulary loads, and so does a BPE one with each
+  // pre-tokenizer name kvguard knows (the names of llama.cpp's test suite, GLM-4's and Kimi K2's).
+  for (const char* pre :
+       {"llama-bpe",  "llama3",      "qwen2",     "deepseek-llm", "deepseek-coder", "deepseek-v3",
+        "falcon",     "mpt",         "starcoder", "refact",       "command-r",      "gpt-2",
+        "glm4",       "chatglm-bpe", "kimi-k2",   "gpt-4o",       "llama4",         "tekken",
+        "seed-coder", "bailingmoe",  "bloom",     "viking",       "default"}) {
+    GgufWriter b;
+    b.Str("tokenizer.ggml.model", "gpt2")
+        .Str("tokenizer.ggml.pre", pre)
+        .StrArray("tokenizer.ggml.tokens", {"a"})
+        .StrArray("tokenizer.ggml.merges", {});
+    const std::string bytes = b.Build();
+    auto f = gguf::File::Parse({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
+    ASSERT_TRUE(f.ok());
+    auto t = GgufTokenizer::Create(**f);
+    ASSERT_TRUE(t.ok()) << pre << ": " << t.status();
+    EXPECT_NE((*t)->Summary().find(absl::StrCat("pre-tokenizer '", pre, "'")), std::string::npos)
+        << (*t)->Summary();
+  }
   GgufWriter w;
   w.Str("tokenizer.ggml.model", "llama")
       .StrArray("tokenizer.ggml.tokens", {"<unk>", "<s>", "</s>", "a"})
