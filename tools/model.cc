@@ -16,6 +16,7 @@
 #include "kernels/formats.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
+#include "tools/render_chat.h"
 
 namespace kvguard::tools {
 namespace {
@@ -26,7 +27,8 @@ int ModelUsage(const std::string& error) {
                "usage: kvguard model inspect PATH.gguf [--int4-group G]\n"
                "  prints the architecture, shapes, tensor types, tokenizer, the weight bytes\n"
                "  in each engine format after conversion and the KV cache bytes per token\n"
-               "  --int4-group G   the INT4 group asked for: 32, 64, 128 (default)\n");
+               "  --int4-group G   the INT4 group asked for: 32, 64, 128 (default)\n"
+               "       kvguard model render-chat ... (a chat prompt; render-chat --help)\n");
   return error.empty() ? 0 : 2;
 }
 
@@ -145,6 +147,7 @@ int Inspect(const std::string& path, int int4_group) {
 int RunModel(const std::vector<std::string>& argv) {
   if (argv.empty()) return ModelUsage("missing subcommand (inspect)");
   if (argv[0] == "--help" || argv[0] == "-h") return ModelUsage("");
+  if (argv[0] == "render-chat") return RunRenderChat({argv.begin() + 1, argv.end()});
   if (argv[0] != "inspect") return ModelUsage("unknown subcommand '" + argv[0] + "'");
   std::string path;
   int int4_group = 128;

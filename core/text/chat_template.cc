@@ -1,0 +1,118 @@
+#include "core/text/chat_template.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "core/gguf/gguf.h"
+#include "core/text/jinja/ast.h"
+#include "core/text/jinja/lexer.h"
+#include "core/text/jinja/parser.h"
+#include "core/text/jinja/renderer.h"
+
+namespace kvguard::core {
+
+struct ChatTemplate::Program {
+  jinja::Body body;
+};
+
+namespace {
+
+absl::Status Prefixed(const absl::Status& s) {
+  return absl::Status(s.code(), absl::StrCat("chat template: ", s.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<ChatTemplate> ChatTemplate::Parse(std::string_view source) {
+  absl::StatusOr<std::vector<jinja::Token>> tokens =
+      jinja::Tokenize(absl::string_view(source.data(), source.size()));
+  if (!tokens.ok()) return Prefixed(tokens.status());
+  absl::StatusOr<jinja::Body> body = jinja::Parse(*tokens);
+  if (!body.ok()) return Prefixed(body.status());
+  auto program = std::make_shared<Program>();
+  program->body = *std::move(body);
+  return ChatTemplate(std::move(program));
+}
+
+absl::StatusOr<std::string> ChatTemplate::Render(const nlohmann::ordered_json& context,
+                                                 const ChatTemplateLimits& limits) const {
+  if (!context.is_object()) {
+    return absl::InvalidArgumentError("chat template: the context must be a JSON object");
+  }
+  jinja::Dict vars;
+  for (const auto& [k, v] : context.items()) vars.Set(k, jinja::FromJson(v));
+  jinja::RenderLimits l;
+  l.max_steps = limits.max_steps;
+  l.max_depth = limits.max_depth;
+  l.max_output_bytes = limits.max_output_bytes;
+  l.max_loop_iterations = limits.max_loop_iterations;
+  jinja::Renderer renderer(l, vars);
+  absl::StatusOr<std::string> out = renderer.Run(program_->body);
+  if (!out.ok()) return Prefixed(out.status());
+  return out;
+}
+
+nlohmann::ordered_json ChatContext(const ChatInputs& inputs) {
+  nlohmann::ordered_json context = nlohmann::ordered_json::object();
+  context["messages"] = inputs.messages;
+  if (!inputs.tools.is_null()) context["tools"] = inputs.tools;
+  context["add_generation_prompt"] = inputs.add_generation_prompt;
+  context["bos_token"] = inputs.bos_token;
+  context["eos_token"] = inputs.eos_token;
+  if (inputs.extra.is_object()) {
+    for (const auto& [k, v] : inputs.extra.items()) context[k] = v;
+  }
+  return context;
+}
+
+absl::StatusOr<std::string> RenderChat(const ChatTemplate& tmpl, const ChatInputs& inputs,
+                                       const ChatTemplateLimits& limits) {
+  return tmpl.Render(ChatContext(inputs), limits);
+}
+
+std::string RenderPlainChat(const ChatInputs& inputs) {
+  std::string out;
+  for (const auto& m : inputs.messages) {
+    const auto role = m.find("role");
+    const auto content = m.find("content");
+    absl::StrAppend(&out, role != m.end() && role->is_string() ? role->get<std::string>() : "",
+                    ": ");
+    if (content != m.end() && content->is_string()) {
+      absl::StrAppend(&out, content->get<std::string>());
+    } else if (content != m.end() && !content->is_null()) {
+      absl::StrAppend(&out, content->dump());
+    }
+    out += "\n";
+  }
+  if (inputs.add_generation_prompt) out += "assistant: ";
+  return out;
+}
+
+absl::StatusOr<GgufChatTemplate> ReadGgufChatTemplate(const gguf::File& file) {
+  GgufChatTemplate out;
+  if (file.Find("tokenizer.chat_template") != nullptr) {
+    absl::StatusOr<std::string_view> source = file.GetString("tokenizer.chat_template");
+    if (!source.ok()) return source.status();
+    out.source = std::string(*source);
+  }
+  if (file.Find("tokenizer.ggml.tokens") == nullptr) return out;
+  absl::StatusOr<const gguf::Value*> tokens =
+      file.GetArray("tokenizer.ggml.tokens", gguf::ValueType::kString);
+  if (!tokens.ok()) return tokens.status();
+  for (auto [key, text] : {std::pair{"tokenizer.ggml.bos_token_id", &out.bos_token},
+                           std::pair{"tokenizer.ggml.eos_token_id", &out.eos_token}}) {
+    if (file.Find(key) == nullptr) continue;
+    absl::StatusOr<uint64_t> id = file.GetUint(key, UINT32_MAX);
+    if (!id.ok()) return id.status();
+    if (*id >= (*tokens)->strings.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          key, " = ", *id, " is outside the vocabulary (", (*tokens)->strings.size(), " tokens)"));
+    }
+    *text = std::string((*tokens)->strings[*id]);
+  }
+  return out;
+}
+
+}  // namespace kvguard::core
