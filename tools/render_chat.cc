@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/gguf/gguf.h"
 #include "core/text/chat_template.h"
+#include "core/text/gguf_chat_template.h"
 #include "nlohmann/json.hpp"
 #include "tools/flags.h"
 

@@ -24,7 +24,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
 #include <string_view>
 
@@ -32,10 +31,6 @@
 #include "nlohmann/json.hpp"
 
 namespace kvguard::core {
-
-namespace gguf {
-class File;
-}  // namespace gguf
 
 struct ChatTemplateLimits {
   int64_t max_steps = 2'000'000;          // statements and expressions evaluated
@@ -85,17 +80,6 @@ absl::StatusOr<std::string> RenderChat(const ChatTemplate& tmpl, const ChatInput
 // "<role>: <content>\n", then "assistant: " when add_generation_prompt. Content that is not a
 // string is printed as JSON.
 std::string RenderPlainChat(const ChatInputs& inputs);
-
-// GgufChatTemplate: what a GGUF file says about chat formatting.
-struct GgufChatTemplate {
-  std::optional<std::string> source;  // tokenizer.chat_template; nullopt when the file has none
-  std::string bos_token;              // the texts of tokenizer.ggml.{bos,eos}_token_id's tokens,
-  std::string eos_token;              // "" when the file names no such token
-};
-
-// ReadGgufChatTemplate returns `file`'s chat template and BOS/EOS texts, or InvalidArgument
-// naming the key when one is present with the wrong type or an id outside the vocabulary.
-absl::StatusOr<GgufChatTemplate> ReadGgufChatTemplate(const gguf::File& file);
 
 }  // namespace kvguard::core
 
