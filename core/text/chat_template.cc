@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/text/jinja/ast.h"
+#include "core/text/jinja/builtins.h"
 #include "core/text/jinja/lexer.h"
 #include "core/text/jinja/parser.h"
 #include "core/text/jinja/renderer.h"
@@ -22,6 +23,52 @@ absl::Status Prefixed(const absl::Status& s) {
   return absl::Status(s.code(), absl::StrCat("chat template: ", s.message()));
 }
 
+// CheckNames refuses a filter or test name that no builtin has, wherever it stands (jinja2
+// refuses those when it compiles the template, before rendering anything).
+absl::Status CheckNames(const jinja::Expr& e) {
+  if (e.kind == jinja::ExprKind::kFilter && jinja::FindFilter(e.name) == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("line ", e.line, ": no filter named '", e.name, "'"));
+  }
+  if (e.kind == jinja::ExprKind::kTest && jinja::FindTest(e.name) == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("line ", e.line, ": no test named '", e.name, "'"));
+  }
+  for (const jinja::ExprPtr& c : e.children) {
+    if (c) {
+      if (absl::Status s = CheckNames(*c); !s.ok()) return s;
+    }
+  }
+  for (const auto& [unused, c] : e.kwargs) {
+    if (absl::Status s = CheckNames(*c); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckNames(const jinja::Body& body) {
+  for (const jinja::StmtPtr& s : body) {
+    for (const jinja::Expr* e : {s->expr.get(), s->cond.get(), s->filter.get()}) {
+      if (e != nullptr) {
+        if (absl::Status st = CheckNames(*e); !st.ok()) return st;
+      }
+    }
+    for (const jinja::ExprPtr& d : s->defaults) {
+      if (d) {
+        if (absl::Status st = CheckNames(*d); !st.ok()) return st;
+      }
+    }
+    for (const auto& [cond, branch] : s->branches) {
+      if (cond) {
+        if (absl::Status st = CheckNames(*cond); !st.ok()) return st;
+      }
+      if (absl::Status st = CheckNames(branch); !st.ok()) return st;
+    }
+    if (absl::Status st = CheckNames(s->body); !st.ok()) return st;
+    if (absl::Status st = CheckNames(s->else_body); !st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ChatTemplate> ChatTemplate::Parse(std::string_view source) {
@@ -30,6 +77,7 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Parse(std::string_view source) {
   if (!tokens.ok()) return Prefixed(tokens.status());
   absl::StatusOr<jinja::Body> body = jinja::Parse(*tokens);
   if (!body.ok()) return Prefixed(body.status());
+  if (absl::Status s = CheckNames(*body); !s.ok()) return Prefixed(s);
   auto program = std::make_shared<Program>();
   program->body = *std::move(body);
   return ChatTemplate(std::move(program));

@@ -136,6 +136,11 @@ TEST(ChatTemplateTest, BadTemplatesAreRefusedAtParseWithTheLine) {
       {"{# c", "unterminated comment", "{# c #}"},
       {"{{ a b }}", "expected '}}'", "{{ a ~ b }}"},
       {"\xff{{ 1 }}", "not valid UTF-8", "\xc3\xbf{{ 1 }}"},
+      // Unknown filters and tests are refused at load, even in a branch never taken.
+      {"{% if false %}{{ x | nosuch }}{% endif %}", "no filter named 'nosuch'",
+       "{% if false %}{{ x | trim }}{% endif %}"},
+      {"{% for m in [] %}{{ m is nosuch }}{% endfor %}", "no test named 'nosuch'",
+       "{% for m in [] %}{{ m is string }}{% endfor %}"},
   };
   for (const Case& c : cases) {
     EXPECT_THAT(ChatTemplate::Parse(c.bad), StatusIs(absl::StatusCode::kInvalidArgument, c.error))
