@@ -133,6 +133,12 @@ CASES = {
     ]),
     "thinking_off": dict(messages=[{"role": "user", "content": "Quick"}],
                          extra={"enable_thinking": False}),
+    # Firefunction v2 takes its tools as a `functions` string and the date as `datetime`.
+    "functions_and_datetime": dict(messages=[
+        {"role": "system", "content": "Be exact."},
+        {"role": "user", "content": "Weather in Paris?"},
+    ], extra={"functions": json.dumps([WEATHER_TOOL["function"]], indent=2),
+              "datetime": "2024-07-26 10:00"}),
     "tools_offered": dict(messages=[
         {"role": "system", "content": "Use tools when needed."},
         {"role": "user", "content": "Weather in Paris?"},
