@@ -168,7 +168,7 @@ needs_templates = pytest.mark.skipif(
 
 @needs_templates
 @pytest.mark.parametrize("case", sorted(CASES))
-@pytest.mark.parametrize("template", TEMPLATES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("template", TEMPLATES, ids=lambda p: getattr(p, "stem", str(p)))
 def test_template_matches_jinja2(template, case, tmp_path):
     spec = CASES[case]
     source = template.read_text(encoding="utf-8")
@@ -198,7 +198,36 @@ def test_every_template_renders_the_basic_case(tmp_path):
         assert b"Second question" in got.stdout
 
 
-# ---- without the templates: GGUF input, plain rendering, refusals ----
+# ---- without the templates: our own templates, GGUF input, plain rendering, refusals ----
+
+# The chat_template fuzz target's seeds: templates written for kvguard that exercise the whole
+# subset (each file is the template, then the 9 bytes the fuzzer reads its limits from). Two
+# are left out here: big_loop passes the loop limit on purpose (test_runaway_template_is_refused
+# covers it) and generation uses HuggingFace's {% generation %} tag, which plain jinja2 lacks.
+SEEDS = Path(__file__).resolve().parents[3] / "fuzz" / "corpus" / "chat_template"
+FUZZ_MESSAGES = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hi \u00e9\u6f22 \U0001f999"},
+    {"role": "assistant", "content": "<think>\nhm\n</think>\n\nHello", "tool_calls": [
+        {"id": "c1", "type": "function",
+         "function": {"name": "f", "arguments": {"x": 1, "y": [True, None, 2.5]}}}]},
+    {"role": "tool", "tool_call_id": "c1", "content": "{\"ok\": 1}"},
+    {"role": "user", "content": ""},
+]
+
+
+@pytest.mark.parametrize("seed", sorted(p.name for p in SEEDS.iterdir()
+                                        if p.name not in ("big_loop", "generation")))
+def test_own_templates_match_jinja2(seed, tmp_path):
+    source = (SEEDS / seed).read_bytes()[:-9].decode("utf-8")
+    (tmp_path / "t.jinja").write_text(source, encoding="utf-8")
+    want = reference(source, FUZZ_MESSAGES)
+    got = kvguard(["--chat-template", str(tmp_path / "t.jinja"), "--bos-token", BOS,
+                   "--eos-token", EOS], tmp_path, FUZZ_MESSAGES)
+    assert want is not None, "the seeds are meant to render"
+    assert got.returncode == 0, got.stderr.decode()
+    assert got.stdout.decode("utf-8") == want
+
 
 SIMPLE = ("{{ bos_token }}{% for m in messages %}<|{{ m.role }}|>{{ m.content | trim }}{{ eos_token }}"
           "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
