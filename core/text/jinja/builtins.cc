@@ -39,7 +39,7 @@ absl::StatusOr<Value> AttrPath(Renderer& r, const Value& v, const std::string& p
         continue;
       }
     }
-    if (cur.is_undefined()) return cur;
+    // Attr refuses to look inside an Undefined, as jinja2's getitem does.
     JINJA_ASSIGN_OR_RETURN(cur, r.Attr(cur, std::string(part)));
   }
   return cur;

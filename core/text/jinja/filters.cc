@@ -127,10 +127,8 @@ absl::StatusOr<Value> FTitle(Renderer& r, const Value& v, CallArgs& args) {
 absl::StatusOr<Value> FJoin(Renderer& r, const Value& v, CallArgs& args) {
   Params p("join", args, {"d", "attribute"});
   JINJA_RETURN_IF_ERROR(p.status());
-  std::string sep;
-  if (p.Has(0)) {
-    JINJA_ASSIGN_OR_RETURN(sep, StrArg(p[0], "join", "d"));
-  }
+  // jinja2 joins with str(d), whatever d is.
+  const std::string sep = p[0] != nullptr ? ToStr(*p[0]) : "";
   JINJA_ASSIGN_OR_RETURN(std::vector<Value> items, Iterate(v));
   std::string out;
   for (size_t i = 0; i < items.size(); ++i) {
@@ -317,6 +315,10 @@ absl::StatusOr<Value> FUnique(Renderer& r, const Value& v, CallArgs& args) {
     if (p.Has(1)) {
       JINJA_ASSIGN_OR_RETURN(std::string attr, StrArg(p[1], "unique", "attribute"));
       JINJA_ASSIGN_OR_RETURN(key, AttrPath(r, item, attr));
+    }
+    // unique keeps a set of what it saw: dicts and lists are unhashable in Python.
+    if (key.is_dict() || key.kind() == Kind::kNamespace || (key.is_list() && !key.is_tuple())) {
+      return Bad(absl::StrCat("unique: unhashable type: '", key.TypeName(), "'"));
     }
     if (!case_sensitive && key.is_string()) key = Value::String(AsciiLower(key.str()));
     bool dup = false;

@@ -251,6 +251,12 @@ class Lexer {
       }
       if (std::isdigit(static_cast<unsigned char>(c))) {
         pos = Number(pos, line);
+        // Python (and so jinja2) reads "010" as no number at all: leading zeros need a float.
+        const std::string& digits = tokens_.back().text;
+        if (tokens_.back().kind == Tok::kInt && digits.size() > 1 && digits[0] == '0' &&
+            digits.find_first_not_of('0') != std::string::npos) {
+          return Error(line, absl::StrCat("leading zeros in the integer literal '", digits, "'"));
+        }
         continue;
       }
       if (c == '\'' || c == '"') {

@@ -263,14 +263,9 @@ absl::StatusOr<Renderer::Flow> Renderer::ExecFor(const Stmt& s, const ScopePtr& 
   } else {
     items = std::move(all);
   }
-  if (items.empty()) {
-    if (s.else_body.empty()) return Flow::kNormal;
-    auto else_scope = std::make_shared<Scope>();
-    else_scope->parent = scope;
-    JINJA_ASSIGN_OR_RETURN(Flow flow, Exec(s.else_body, else_scope));
-    (void)flow;
-    return Flow::kNormal;
-  }
+  // jinja2 runs the else block unless some iteration reached the end of the body: a loop whose
+  // every pass ends in break or continue runs it too.
+  bool body_completed = false;
   const int64_t n = int64_t(items.size());
   for (int64_t i = 0; i < n; ++i) {
     if (++iterations_ > limits_.max_loop_iterations) {
@@ -303,7 +298,14 @@ absl::StatusOr<Renderer::Flow> Renderer::ExecFor(const Stmt& s, const ScopePtr& 
              }));
     body_scope->vars["loop"] = Value::Namespace(std::move(loop));
     JINJA_ASSIGN_OR_RETURN(Flow flow, Exec(s.body, body_scope));
+    if (flow == Flow::kNormal) body_completed = true;
     if (flow == Flow::kBreak) break;
+  }
+  if (!body_completed && !s.else_body.empty()) {
+    auto else_scope = std::make_shared<Scope>();
+    else_scope->parent = scope;
+    JINJA_ASSIGN_OR_RETURN(Flow flow, Exec(s.else_body, else_scope));
+    (void)flow;
   }
   return Flow::kNormal;
 }
@@ -576,12 +578,26 @@ absl::StatusOr<Value> Renderer::Binary(const std::string& op, const Value& a, co
       if (op == "+") return Value::Float(x + y);
       if (op == "-") return Value::Float(x - y);
       if (op == "*") return Value::Float(x * y);
-      if (op == "**") return Value::Float(std::pow(x, y));
+      if (op == "**") {
+        // Python: a negative base to a fractional power is complex, and a finite power that
+        // overflows is an OverflowError; neither is a value a template can print.
+        const double p = std::pow(x, y);
+        if (std::isnan(p) && !std::isnan(x) && !std::isnan(y)) {
+          return absl::InvalidArgumentError("negative number raised to a fractional power");
+        }
+        if (std::isinf(p) && std::isfinite(x) && std::isfinite(y)) {
+          if (x == 0) return absl::InvalidArgumentError("0.0 cannot be raised to a negative power");
+          return absl::InvalidArgumentError("float power overflows");
+        }
+        return Value::Float(p);
+      }
       if (y == 0) return absl::InvalidArgumentError("float division by zero");
       if (op == "//") return Value::Float(std::floor(x / y));
       if (op == "%") {
+        // Python's float modulo: the sign of the divisor, and a zero result signed like it.
         double m = std::fmod(x, y);
         if (m != 0 && ((m < 0) != (y < 0))) m += y;
+        if (m == 0) m = std::copysign(0.0, y);
         return Value::Float(m);
       }
     } else {
@@ -599,7 +615,10 @@ absl::StatusOr<Value> Renderer::Binary(const std::string& op, const Value& a, co
         return Value::Int(op == "//" ? q : x - q * y);
       }
       if (op == "**") {
-        if (y < 0) return Value::Float(std::pow(double(x), double(y)));
+        if (y < 0) {
+          if (x == 0) return absl::InvalidArgumentError("0.0 cannot be raised to a negative power");
+          return Value::Float(std::pow(double(x), double(y)));
+        }
         // Square and multiply; a square that overflows is always needed later (unless the
         // base is 0 or +-1, whose squares never overflow), so overflow is an error.
         int64_t result = 1, base = x, e = y;

@@ -72,7 +72,11 @@ absl::StatusOr<bool> TEven(Renderer&, const Value& v, CallArgs& args) {
 
 absl::StatusOr<bool> TDivisibleBy(Renderer&, const Value& v, CallArgs& args) {
   JINJA_ASSIGN_OR_RETURN(Value n, OneArg("divisibleby", args));
-  if (v.kind() != Kind::kInt || n.kind() != Kind::kInt) return Bad("divisibleby needs integers");
+  if (!v.is_number() || !n.is_number()) return Bad("divisibleby needs numbers");
+  if (v.kind() == Kind::kFloat || n.kind() == Kind::kFloat) {
+    if (n.float_value() == 0) return Bad("float modulo by zero");
+    return std::fmod(v.float_value(), n.float_value()) == 0;
+  }
   if (n.int_value() == 0) return Bad("integer division or modulo by zero");
   if (n.int_value() == -1) return true;
   return v.int_value() % n.int_value() == 0;

@@ -261,6 +261,8 @@ std::string ReprString(const std::string& s) {
 std::string ToRepr(const Value& v) {
   if (v.is_generator()) return "<generator object>";
   switch (v.kind()) {
+    case Kind::kUndefined:
+      return "Undefined";
     case Kind::kString:
       return ReprString(v.str());
     case Kind::kList: {

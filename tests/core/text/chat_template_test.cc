@@ -76,6 +76,14 @@ TEST(ChatTemplateTest, LoopsNamespacesAndScopes) {
       Render("{% for m in messages if m.role != 'system' %}{{ loop.length }}{% endfor %}", ctx),
       IsOkAndHolds("22"));
   EXPECT_THAT(Render("{% for m in [] %}x{% else %}empty{% endfor %}"), IsOkAndHolds("empty"));
+  EXPECT_THAT(Render("{% for m in [1] %}x{% else %}empty{% endfor %}"), IsOkAndHolds("x"));
+  // jinja2 quirk: else also runs when no pass reached the end of the body.
+  EXPECT_THAT(Render("{% for m in [1, 2] %}{% if m == 1 %}{% continue %}{% endif %}{% break %}"
+                     "{% else %}else{% endfor %}"),
+              IsOkAndHolds("else"));
+  EXPECT_THAT(Render("{% for m in [1, 2] %}{% if m == 1 %}{% continue %}{% endif %}"
+                     "{% else %}else{% endfor %}"),
+              IsOkAndHolds(""));
 }
 
 TEST(ChatTemplateTest, MacrosStringsAndFilters) {
@@ -202,6 +210,13 @@ TEST(ChatTemplateTest, ArithmeticErrorsAreRefusals) {
   EXPECT_THAT(Render("{{ 2 ** 70 }}"), StatusIs(absl::StatusCode::kInvalidArgument, "overflow"));
   EXPECT_THAT(Render("{{ 'a' + 1 }}"),
               StatusIs(absl::StatusCode::kInvalidArgument, "unsupported operand types for +"));
+  EXPECT_THAT(Render("{{ (-8) ** 0.5 }}"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "fractional power"));
+  EXPECT_THAT(Render("{{ 4 ** 10000.5 }}"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "overflows"));
+  EXPECT_THAT(Render("{{ 010 }}"), StatusIs(absl::StatusCode::kInvalidArgument, "leading zeros"));
+  EXPECT_THAT(Render("{{ 8 ** 0.5 }} {{ 10 % -2.5 }} {{ 10 }} {{ 00 }}"),
+              IsOkAndHolds("2.8284271247461903 -0.0 10 0"));
   EXPECT_THAT(Render("{{ 1 // 1 }}{{ 9223372036854775806 + 1 }}{{ 2 ** 62 }}{{ 'a' ~ 1 }}"),
               IsOkAndHolds("192233720368547758074611686018427387904a1"));
 }
