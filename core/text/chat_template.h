@@ -40,7 +40,9 @@ struct ChatTemplateLimits {
 };
 
 // ChatInputs: what a chat request gives the template. JSON objects keep their key order
-// (ordered_json), as `tojson` of a tool's schema must print keys in the order they came.
+// (ordered_json), as `tojson` of a tool's schema must print keys in the order they came: take
+// `messages` and `tools` from the request body parsed as ordered_json (nlohmann::json sorts
+// keys, and HuggingFace's output follows the client's order).
 struct ChatInputs {
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   nlohmann::ordered_json tools;  // null: no tools (the template sees `tools` undefined)

@@ -98,6 +98,10 @@ class Renderer {
   Value block_input_;  // the captured body a {% filter %} chain starts from
 };
 
+// WithLine prefixes an error with the template line it happened on, once: the innermost
+// statement or expression that fails names it.
+absl::Status WithLine(const absl::Status& s, int line);
+
 // Iterate: the items `for` walks over `v` (list items, dict keys, string characters; nothing
 // for Undefined), or an error for values that are not iterable.
 absl::StatusOr<std::vector<Value>> Iterate(const Value& v);
