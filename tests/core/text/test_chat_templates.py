@@ -119,6 +119,12 @@ CASES = {
         {"role": "assistant", "content": "D'accord — ça marche ✓"},
         {"role": "user", "content": "Encore?\r\nOui."},
     ]),
+    # OpenAI's content parts: templates that expect a string print Python's repr of them, or
+    # iterate them, or refuse.
+    "content_parts": dict(messages=[
+        {"role": "user", "content": [{"type": "text", "text": "Describe 'this'"},
+                                     {"type": "text", "text": "and \"that\" \u00e9"}]},
+    ]),
     "whitespace_content": dict(messages=[
         {"role": "user", "content": "  padded question  \n\n"},
     ]),
