@@ -5,6 +5,8 @@
 
 #include <ctime>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
@@ -238,6 +240,33 @@ TEST(ChatTemplateTest, RenderChatGivesHuggingFacesVariables) {
   in.extra = {{"extra_flag", false}};
   EXPECT_THAT(RenderChat(*t, in),
               IsOkAndHolds("<s>system:S</s>user:hi</s>assistant:yo</s>T1False"));
+}
+
+TEST(ChatTemplateTest, OneTemplateRendersFromManyThreads) {
+  // The documented contract: a parsed template is immutable; renders share nothing else.
+  absl::StatusOr<ChatTemplate> t = ChatTemplate::Parse(
+      "{% macro m(x) %}[{{ x }}]{% endmacro %}{% set ns = namespace(n=0) %}"
+      "{% for msg in messages %}{% set ns.n = ns.n + 1 %}{{ m(msg.content) }}{% endfor %}{{ ns.n "
+      "}}");
+  ASSERT_TRUE(t.ok()) << t.status();
+  std::vector<std::string> out(8);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&, i] {
+      json messages = json::array();
+      for (int k = 0; k <= i; ++k) messages.push_back({{"content", std::to_string(i)}});
+      for (int round = 0; round < 200; ++round) {
+        absl::StatusOr<std::string> r = t->Render({{"messages", messages}});
+        out[i] = r.ok() ? *r : std::string(r.status().message());
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (int i = 0; i < 8; ++i) {
+    std::string want;
+    for (int k = 0; k <= i; ++k) want += "[" + std::to_string(i) + "]";
+    EXPECT_EQ(out[i], want + std::to_string(i + 1));
+  }
 }
 
 TEST(ChatTemplateTest, PlainRenderingForModelsWithoutATemplate) {
