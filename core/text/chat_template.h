@@ -9,7 +9,8 @@
 // extension, the globals `raise_exception` and `strftime_now`, and `tojson` as HuggingFace
 // defines it (ensure_ascii off, indent optional). It covers the statements, filters and tests
 // real templates use (README.md, "Chat templates", lists them and the templates checked
-// byte-for-byte against jinja2); anything else is refused at Parse, never half-run.
+// byte-for-byte against jinja2). An unsupported tag, filter or test is refused at Parse; an
+// unsupported method or a type error refuses the render (no partial prompt is returned).
 //
 // Bounds: parsing is linear with a nesting cap; rendering counts steps, loop iterations,
 // evaluation depth (macro recursion included) and output bytes, and any string or list it
@@ -17,8 +18,9 @@
 // Every failure is a Status: InvalidArgument for a bad template or one that raises (the request
 // is refused with that message), ResourceExhausted for a template that passes a limit.
 //
-// Use: parse once per model (ChatTemplate::Parse), render per request (RenderChat). A parsed
-// template is immutable and may be rendered from many threads at once.
+// Use: parse once per model (ChatTemplate::Parse; a GGUF's template and BOS/EOS texts come from
+// gguf_chat_template.h), render per request (RenderChat; RenderPlainChat when the model has no
+// template). A parsed template is immutable and may be rendered from many threads at once.
 #ifndef KVGUARD_CORE_TEXT_CHAT_TEMPLATE_H_
 #define KVGUARD_CORE_TEXT_CHAT_TEMPLATE_H_
 
