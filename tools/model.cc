@@ -17,6 +17,7 @@
 #include "kernels/formats.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
+#include "tools/render_chat.h"
 
 namespace kvguard::tools {
 namespace {
@@ -31,7 +32,8 @@ int ModelUsage(const std::string& error) {
       "  the KV cache bytes per token\n"
       "  --int4-group G   the INT4 group asked for: 32, 64, 128 (default)\n"
       "       kvguard model tokenize PATH.gguf (--text T | --file F) [--no-bos] [--pieces]\n"
-      "  prints the token ids of the text as a JSON array (see --help after tokenize)\n");
+      "  prints the token ids of the text as a JSON array (see --help after tokenize)\n"
+      "       kvguard model render-chat ... (a chat prompt; render-chat --help)\n");
   return error.empty() ? 0 : 2;
 }
 
@@ -164,6 +166,7 @@ int RunModel(const std::vector<std::string>& argv) {
   if (argv[0] == "tokenize") {
     return RunModelTokenize(std::vector<std::string>(argv.begin() + 1, argv.end()));
   }
+  if (argv[0] == "render-chat") return RunRenderChat({argv.begin() + 1, argv.end()});
   if (argv[0] != "inspect") return ModelUsage("unknown subcommand '" + argv[0] + "'");
   std::string path;
   int int4_group = 128;
