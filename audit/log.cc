@@ -245,7 +245,9 @@ absl::Status AuditLog::Recover() {
   // (After a crash mid-rotation, the file the rotation record names now exists, empty.)
   if (absl::Status s = VerifyOnOpen(); !s.ok()) return s;
   if (recovery) {
+    // Signed at once: from here on, deleting or editing the torn file fails verification.
     if (absl::Status s = AppendLocked(std::move(*recovery)); !s.ok()) return s;
+    if (absl::Status s = CheckpointLocked(); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -313,8 +315,9 @@ absl::Status AuditLog::AppendLocked(Event event) {
     s = FlushLocked();
   }
   // One rotation at a time: while one is pending (a failing disk), no second record is added.
+  // Nor after service_stop: its final checkpoint follows it directly (Close).
   if (s.ok() && !rotation_pending_ && event.type != "log_rotation" &&
-      file_bytes_ + pending_.size() >= options_.rotate_bytes) {
+      event.type != "service_stop" && file_bytes_ + pending_.size() >= options_.rotate_bytes) {
     s = RotateLocked();
   }
   return s;

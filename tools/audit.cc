@@ -16,8 +16,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "absl/time/time.h"
 #include "audit/query.h"
 #include "audit/signing_key.h"
+#include "audit/verdict.h"
 #include "audit/verifier.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
@@ -27,11 +29,20 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: kvguard audit <command> ...\n"
-    "  verify DIR --pubkey FILE [--witness FILE] [--save-witness FILE]\n"
-    "      check the whole log: chain, signatures, sequence, order, rotation set; prints one\n"
-    "      summary line; exit 1 naming the first bad record. --witness: a checkpoint line\n"
-    "      kept from an earlier look, which the log must extend; --save-witness: keep this\n"
-    "      log's last checkpoint line for next time\n"
+    "  verify DIR --pubkey FILE [--witness FILE] [--save-witness FILE] [--allow-unsigned-tail]\n"
+    "         [--max-age DURATION [--now TIME]] [--json]\n"
+    "      check the whole log: chain, signatures, sequence, order, rotation set, torn files;\n"
+    "      prints one summary line (--json: one JSON object) with its verdict. Exit codes:\n"
+    "      0 valid (every record covered by a signed checkpoint), 1 invalid (names the first\n"
+    "      bad record), 3 unsigned tail (records after the last checkpoint, or none signed),\n"
+    "      4 stale (--max-age), 5 unreadable (log, key or witness cannot be read).\n"
+    "      --witness: a checkpoint line kept from an earlier look, which the log must extend;\n"
+    "      --save-witness: keep this log's last checkpoint line there when the verdict is\n"
+    "      valid (an existing file is read as the witness: it never moves backwards);\n"
+    "      --allow-unsigned-tail: records after the last checkpoint do not fail the verdict;\n"
+    "      --max-age: fail (stale) when the last checkpoint is older than DURATION (e.g. 90s,\n"
+    "      5m) at --now (ns since the epoch or RFC 3339; default: the clock), or two\n"
+    "      checkpoints of one run of the writer are further apart\n"
     "  query DIR [FILTERS] [--json]    matching records as a table (--json: their lines)\n"
     "  stats DIR [FILTERS]             violations per hour (UTC), tenant and reason\n"
     "  tail DIR [-n N] [-f]            the last N records (default 10); -f: then follow\n"
@@ -43,8 +54,8 @@ constexpr char kUsage[] =
     "                                  verify a proof with only the public key (--record:\n"
     "                                  and that it proves exactly this record line)\n"
     "  pubkey --signing-key FILE [--out FILE]\n"
-    "                                  print (or write) the public key PEM, creating the\n"
-    "                                  signing key (mode 0600) if absent\n"
+    "                                  print (or write) the public key PEM of an existing\n"
+    "                                  signing key (never creates one: the service does)\n"
     "FILTERS: --tenant T --session N --request N --type TYPE --reason R\n"
     "         --since NS --until NS (UTC ns since the epoch; since <= time < until)\n"
     "query, stats, tail, export and prove trust the files: run verify first.\n";
@@ -84,7 +95,9 @@ struct Flags {
   std::string pubkey, witness, save_witness, proof, signing_key, out, format, record;
   std::optional<uint64_t> seq;
   audit::RecordFilter filter;
-  bool json = false, follow = false;
+  std::optional<absl::Duration> max_age;
+  std::optional<absl::Time> now;
+  bool json = false, follow = false, allow_unsigned_tail = false;
   int lines = 10;
   std::vector<std::string> given;  // the flags given, for "does not take" errors
 };
@@ -169,6 +182,29 @@ std::string ParseFlags(const std::vector<std::string>& argv, Flags* f) {
       error = i64("--until", &f->filter.until_ns);
     } else if (a.Flag("--json")) {
       f->json = true;
+    } else if (a.Flag("--allow-unsigned-tail")) {
+      f->allow_unsigned_tail = true;
+    } else if (a.Flag("--max-age")) {
+      std::string v;
+      absl::Duration d;
+      error = str(&v);
+      if (error.empty() && (!absl::ParseDuration(v, &d) || d <= absl::ZeroDuration())) {
+        error = absl::StrCat("--max-age '", v, "' is not a positive duration (e.g. 90s, 5m, 1h)");
+      }
+      if (error.empty()) f->max_age = d;
+    } else if (a.Flag("--now")) {
+      std::string v, parse_error;
+      int64_t ns = 0;
+      absl::Time t;
+      error = str(&v);
+      if (error.empty() && absl::SimpleAtoi(v, &ns)) {
+        f->now = absl::FromUnixNanos(ns);
+      } else if (error.empty() && absl::ParseTime(absl::RFC3339_full, v, &t, &parse_error)) {
+        f->now = t;
+      } else if (error.empty()) {
+        error = absl::StrCat("--now '", v, "' is neither ns since the epoch nor RFC 3339 (",
+                             parse_error, ")");
+      }
     } else if (a.Flag("-f") || a.Flag("--follow")) {
       f->follow = true;
     } else if (a.Flag("-n")) {
@@ -248,38 +284,92 @@ void PrintTable(const std::vector<std::string>& header,
 const std::vector<std::string> kRecordHeader = {"time",    "seq",    "type",  "tenant",
                                                 "request", "reason", "detail"};
 
+// PrintVerdict prints `judgement` on `report` (null: unreadable) as a line or JSON; returns the
+// exit code.
+int PrintVerdict(const Flags& f, const audit::VerifyReport* report,
+                 const audit::Judgement& judgement) {
+  if (f.json) {
+    std::fputs(audit::ReportJson(report, judgement).c_str(), stdout);
+  } else if (report == nullptr) {
+    std::fprintf(stderr, "kvguard audit verify: unreadable: %s\n", judgement.why.c_str());
+  } else {
+    std::printf("%s\n", audit::Summary(*report, judgement).c_str());
+  }
+  return audit::ExitCode(judgement.verdict);
+}
+
+int Unreadable(const Flags& f, const absl::Status& why) {
+  return PrintVerdict(f, nullptr, {audit::Verdict::kUnreadable, std::string(why.message())});
+}
+
+// ReadWitness returns the checkpoint in the witness file `path`, or an error naming it.
+absl::StatusOr<audit::Checkpoint> ReadWitness(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFile(path, "witness");
+  if (!text.ok()) return text.status();
+  absl::StatusOr<audit::Checkpoint> w = audit::ParseWitness(*text);
+  if (!w.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("witness ", path, ": ", w.status().message()));
+  }
+  return w;
+}
+
+// SaveWitness replaces `path` with `line` (through a temporary file and a rename, so a reader
+// never sees half a witness).
+absl::Status SaveWitness(const std::string& path, const std::string& line) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << line << "\n";
+    if (!out.flush()) return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
+}
+
 int Verify(const Flags& f) {
   if (f.pubkey.empty()) return Usage("verify needs --pubkey FILE (the log's public key)");
+  if (f.now && !f.max_age) return Usage("verify: --now is only read with --max-age");
+  // An existing --save-witness file is the witness: what was saved there is never replaced by
+  // an older checkpoint, nor by one of another history.
+  std::string witness_path = f.witness;
+  if (!f.save_witness.empty() && access(f.save_witness.c_str(), F_OK) == 0) {
+    if (!f.witness.empty() && f.witness != f.save_witness) {
+      return Usage(absl::StrCat("verify: --save-witness ", f.save_witness,
+                                " exists and is not the --witness; give it as --witness (or "
+                                "alone: it is then read as the witness)"));
+    }
+    witness_path = f.save_witness;
+  }
   absl::StatusOr<audit::VerifyingKey> key = audit::VerifyingKey::LoadFile(f.pubkey);
-  if (!key.ok()) return Fail("verify", key.status());
+  if (!key.ok()) return Unreadable(f, key.status());
   audit::VerifyOptions options;
-  if (!f.witness.empty()) {
-    absl::StatusOr<std::string> text = ReadFile(f.witness, "witness");
-    if (!text.ok()) return Fail("verify", text.status());
-    absl::StatusOr<audit::Checkpoint> w = audit::ParseWitness(*text);
-    if (!w.ok())
-      return Fail("verify", absl::StrCat("witness ", f.witness, ": ", w.status().message()));
+  if (!witness_path.empty()) {
+    absl::StatusOr<audit::Checkpoint> w = ReadWitness(witness_path);
+    if (!w.ok()) return Unreadable(f, w.status());
     options.witness = *w;
   }
   absl::StatusOr<audit::VerifyReport> report = audit::VerifyLog(f.dir, *key, options);
-  if (!report.ok()) return Fail("verify", report.status());
-  std::printf("%s\n", audit::Summary(*report).c_str());
-  if (!report->ok()) return 1;
-  if (report->checkpoints == 0) {
-    // Nothing is signed: the chain alone proves nothing to someone without the key.
-    std::fprintf(stderr,
-                 "kvguard audit verify: no checkpoint: nothing in this log is signed yet\n");
-    return 1;
+  if (!report.ok()) return Unreadable(f, report.status());
+  audit::JudgeOptions judge;
+  judge.allow_unsigned_tail = f.allow_unsigned_tail;
+  if (f.max_age) {
+    judge.max_age_ns = absl::ToInt64Nanoseconds(*f.max_age);
+    judge.now_ns = absl::ToUnixNanos(f.now.value_or(absl::Now()));
   }
-  if (!f.save_witness.empty()) {
-    if (report->last_checkpoint_line.empty()) {
-      return Fail("verify", "--save-witness: the log has no checkpoint yet");
+  const audit::Judgement judgement = audit::Judge(*report, judge);
+  if (judgement.verdict == audit::Verdict::kValid && !f.save_witness.empty()) {
+    // VerifyLog failed a log whose checkpoints stop below the witness, so this cannot move
+    // the witness backwards; the check stays here too, where the file is written.
+    if (options.witness && report->last_checkpoint->size < options.witness->size) {
+      return Fail("verify", "--save-witness: refusing to move the witness backwards");
     }
-    std::ofstream out(f.save_witness, std::ios::binary | std::ios::trunc);
-    out << report->last_checkpoint_line << "\n";
-    if (!out.flush()) return Fail("verify", absl::StrCat("cannot write ", f.save_witness));
+    if (absl::Status s = SaveWitness(f.save_witness, report->last_checkpoint_line); !s.ok()) {
+      return Fail("verify", s);
+    }
   }
-  return 0;
+  return PrintVerdict(f, &*report, judgement);
 }
 
 int QueryCommand(const Flags& f) {
@@ -450,7 +540,11 @@ int RunAudit(const std::vector<std::string>& argv) {
   };
   int (*run)(const Flags&) = nullptr;
   if (command == "verify") {
-    if (check({"--pubkey", "--witness", "--save-witness"}, true)) run = Verify;
+    if (check({"--pubkey", "--witness", "--save-witness", "--allow-unsigned-tail", "--max-age",
+               "--now", "--json"},
+              true)) {
+      run = Verify;
+    }
   } else if (command == "query") {
     if (check(WithFilters({"--json"}), true)) run = QueryCommand;
   } else if (command == "stats") {

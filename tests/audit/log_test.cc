@@ -137,7 +137,11 @@ TEST_F(AuditLogTest, ReopenContinuesTheChainAndRotationKeepsOneChain) {
   for (const Line& r : records) rotations += r.event.type == "log_rotation";
   EXPECT_GT(rotations, 0);
   EXPECT_EQ(records.size(), 3u * 22u + static_cast<size_t>(rotations));  // start, 20, stop
-  EXPECT_EQ(AuditLog::Open(o).value()->stats().files, rotations + 1);
+  // (service_stop never rotates, its checkpoint follows it: the next start may rotate instead.)
+  const int files = AuditLog::Open(o).value()->stats().files;
+  rotations = 0;
+  for (const Line& r : Records()) rotations += r.event.type == "log_rotation";
+  EXPECT_EQ(files, rotations + 1);
 }
 
 TEST_F(AuditLogTest, DurableAppendIsOnDiskBeforeItReturns) {
