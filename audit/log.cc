@@ -24,18 +24,6 @@
 namespace kvguard::audit {
 namespace {
 
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-int64_t MonotonicMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 absl::Status Errno(std::string_view what, const std::string& path) {
   return absl::ErrnoToStatus(errno, absl::StrCat(std::string(what), " ", path));
 }
@@ -93,11 +81,26 @@ constexpr std::string_view kCheckpointPrefix = "{\"v\":1,\"type\":\"checkpoint\"
 
 std::string FileName(int index) { return absl::StrFormat("audit-%06d.jsonl", index); }
 
+int64_t AuditLog::NowNs() const {
+  if (options_.now_ns) return options_.now_ns();
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+int64_t AuditLog::MonotonicMs() const {
+  if (options_.monotonic_ms) return options_.monotonic_ms();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 absl::StatusOr<std::unique_ptr<AuditLog>> AuditLog::Open(LogOptions options) {
   if (options.dir.empty()) return absl::InvalidArgumentError("audit log: no directory");
   if (options.key == nullptr) return absl::InvalidArgumentError("audit log: no signing key");
   if (options.checkpoint_every < 1 || options.batch_records < 1 || options.rotate_bytes < 4096 ||
-      options.checkpoint_interval_ms < 1 || options.batch_interval_ms < 1) {
+      options.checkpoint_interval_ms < 1 || options.heartbeat_interval_ms < 1 ||
+      options.batch_interval_ms < 1) {
     return absl::InvalidArgumentError(
         "audit log: checkpoint_every, batch_records and intervals must be >= 1, rotate_bytes "
         ">= 4096");
@@ -455,17 +458,28 @@ LogStats AuditLog::stats() const {
   return stats_;
 }
 
+absl::Status AuditLog::Tick(int64_t now_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return absl::OkStatus();
+  return TickLocked(now_ms);
+}
+
+absl::Status AuditLog::TickLocked(int64_t now_ms) {
+  const int64_t since = now_ms - last_checkpoint_ms_;
+  if (since_checkpoint_ > 0 ? since >= options_.checkpoint_interval_ms
+                            : since >= options_.heartbeat_interval_ms) {
+    return CheckpointLocked();
+  }
+  if (!pending_.empty() || rotation_pending_) return FlushLocked();  // rotation: retry the open
+  return absl::OkStatus();
+}
+
 void AuditLog::FlusherLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!closed_) {
     cv_.wait_for(lock, std::chrono::milliseconds(options_.batch_interval_ms));
     if (closed_) break;
-    if (since_checkpoint_ > 0 &&
-        MonotonicMs() - last_checkpoint_ms_ >= options_.checkpoint_interval_ms) {
-      CheckpointLocked().IgnoreError();                   // health_ records a failure
-    } else if (!pending_.empty() || rotation_pending_) {  // rotation_pending_: retry the open
-      FlushLocked().IgnoreError();
-    }
+    TickLocked(MonotonicMs()).IgnoreError();  // health_ records a failure
   }
 }
 
@@ -482,7 +496,8 @@ absl::Status AuditLog::Close() {
     stop.type = "service_stop";
     stop.detail = absl::StrCat("instance ", options_.instance);
     s = AppendLocked(std::move(stop));
-    if (s.ok()) s = CheckpointLocked();
+    // (AppendLocked has signed it already if it was the checkpoint_every-th record.)
+    if (s.ok() && since_checkpoint_ > 0) s = CheckpointLocked();
     closed_ = true;
     cv_.notify_all();
   }
