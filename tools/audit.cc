@@ -53,6 +53,13 @@ constexpr char kUsage[] =
     "  check-proof --pubkey FILE --proof FILE [--record FILE]\n"
     "                                  verify a proof with only the public key (--record:\n"
     "                                  and that it proves exactly this record line)\n"
+    "  prove-consistency DIR --from FILE [--out FILE]\n"
+    "                                  RFC 9162 consistency proof that the log's latest\n"
+    "                                  checkpoint extends the checkpoint line in FILE (e.g. a\n"
+    "                                  witness) (JSON)\n"
+    "  check-consistency --pubkey FILE --proof FILE [--witness FILE]\n"
+    "                                  verify it with only the public key (--witness: and that\n"
+    "                                  it starts from that checkpoint); exit 1 if it fails\n"
     "  pubkey --signing-key FILE [--out FILE]\n"
     "                                  print (or write) the public key PEM of an existing\n"
     "                                  signing key (never creates one: the service does)\n"
@@ -92,7 +99,7 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, const std::string&
 // Flags is every flag any audit command takes; each command refuses those it does not use.
 struct Flags {
   std::string dir;
-  std::string pubkey, witness, save_witness, proof, signing_key, out, format, record;
+  std::string pubkey, witness, save_witness, proof, signing_key, out, format, record, from;
   std::optional<uint64_t> seq;
   audit::RecordFilter filter;
   std::optional<absl::Duration> max_age;
@@ -151,6 +158,8 @@ std::string ParseFlags(const std::vector<std::string>& argv, Flags* f) {
       error = str(&f->witness);
     } else if (a.Flag("--save-witness")) {
       error = str(&f->save_witness);
+    } else if (a.Flag("--from")) {
+      error = str(&f->from);
     } else if (a.Flag("--proof")) {
       error = str(&f->proof);
     } else if (a.Flag("--record")) {
@@ -446,18 +455,23 @@ int Export(const Flags& f) {
   return 0;
 }
 
+// WriteOut writes `text` to f.out, or to stdout without --out; returns the exit code.
+int WriteOut(const Flags& f, const std::string& command, const std::string& text) {
+  if (f.out.empty()) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    return 0;
+  }
+  std::ofstream out(f.out, std::ios::binary | std::ios::trunc);
+  out << text;
+  if (!out.flush()) return Fail(command, absl::StrCat("cannot write ", f.out));
+  return 0;
+}
+
 int Prove(const Flags& f) {
   if (!f.seq) return Usage("prove needs --seq N");
   absl::StatusOr<std::string> proof = audit::ProveRecord(f.dir, *f.seq);
   if (!proof.ok()) return Fail("prove", proof.status());
-  if (f.out.empty()) {
-    std::fwrite(proof->data(), 1, proof->size(), stdout);
-    return 0;
-  }
-  std::ofstream out(f.out, std::ios::binary | std::ios::trunc);
-  out << *proof;
-  if (!out.flush()) return Fail("prove", absl::StrCat("cannot write ", f.out));
-  return 0;
+  return WriteOut(f, "prove", *proof);
 }
 
 int CheckProofCommand(const Flags& f) {
@@ -487,6 +501,43 @@ int CheckProofCommand(const Flags& f) {
       r.event.tenant ? (", tenant " + Printable(*r.event.tenant)).c_str() : "",
       static_cast<unsigned long long>(proven->checkpoint.size), proven->checkpoint.log_id.c_str(),
       proven->checkpoint.key_fp.c_str());
+  return 0;
+}
+
+int ProveConsistencyCommand(const Flags& f) {
+  if (f.from.empty()) return Usage("prove-consistency needs --from FILE (a checkpoint line)");
+  absl::StatusOr<audit::Checkpoint> first = ReadWitness(f.from);
+  if (!first.ok()) return Fail("prove-consistency", first.status());
+  absl::StatusOr<std::string> proof = audit::ProveConsistency(f.dir, *first);
+  if (!proof.ok()) return Fail("prove-consistency", proof.status());
+  return WriteOut(f, "prove-consistency", *proof);
+}
+
+int CheckConsistencyCommand(const Flags& f) {
+  if (f.pubkey.empty()) return Usage("check-consistency needs --pubkey FILE");
+  if (f.proof.empty()) return Usage("check-consistency needs --proof FILE");
+  absl::StatusOr<audit::VerifyingKey> key = audit::VerifyingKey::LoadFile(f.pubkey);
+  if (!key.ok()) return Fail("check-consistency", key.status());
+  absl::StatusOr<std::string> proof = ReadFile(f.proof, "proof");
+  if (!proof.ok()) return Fail("check-consistency", proof.status());
+  std::optional<audit::Checkpoint> witness;
+  if (!f.witness.empty()) {
+    absl::StatusOr<audit::Checkpoint> w = ReadWitness(f.witness);
+    if (!w.ok()) return Fail("check-consistency", w.status());
+    witness = *w;
+  }
+  absl::StatusOr<audit::ProvenConsistency> proven = audit::CheckConsistency(*proof, *key, witness);
+  if (!proven.ok()) {
+    std::printf("inconsistent: %s\n", std::string(proven.status().message()).c_str());
+    return 1;
+  }
+  std::printf(
+      "consistent: the first %llu records of log %s (checkpoint of %s) are the first of its %llu "
+      "(checkpoint of %s), as signed by key %s\n",
+      static_cast<unsigned long long>(proven->first.size), proven->first.log_id.c_str(),
+      audit::FormatTime(proven->first.time_ns).c_str(),
+      static_cast<unsigned long long>(proven->second.size),
+      audit::FormatTime(proven->second.time_ns).c_str(), proven->second.key_fp.c_str());
   return 0;
 }
 
@@ -557,6 +608,10 @@ int RunAudit(const std::vector<std::string>& argv) {
     if (check({"--seq", "--out"}, true)) run = Prove;
   } else if (command == "check-proof") {
     if (check({"--pubkey", "--proof", "--record"}, false)) run = CheckProofCommand;
+  } else if (command == "prove-consistency") {
+    if (check({"--from", "--out"}, true)) run = ProveConsistencyCommand;
+  } else if (command == "check-consistency") {
+    if (check({"--pubkey", "--proof", "--witness"}, false)) run = CheckConsistencyCommand;
   } else if (command == "pubkey") {
     if (check({"--signing-key", "--out"}, false)) run = Pubkey;
   } else {
