@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "audit/checkpoint_note.h"
 #include "audit/private_file.h"
 #include "audit/verifier.h"
 #include "openssl/rand.h"
@@ -387,7 +388,26 @@ absl::Status AuditLog::CheckpointLocked() {
   const std::string line = FormatCheckpoint(c);
   absl::Status s = FlushLocked();
   if (s.ok() && !rotation_pending_) s = SaveWitness(line);
+  if (s.ok() && !rotation_pending_) s = SaveNote(c);
   return s;
+}
+
+absl::Status AuditLog::SaveNote(const audit::Checkpoint& c) {
+  // A copy of the checkpoint in the C2SP format, for tools that speak it: replaced whole (a
+  // rename), not fsynced (the checkpoint line it is made from is, and verification does not
+  // read it).
+  absl::StatusOr<std::string> note = FormatCheckpointNote(c, *options_.key);
+  if (!note.ok()) return note.status();
+  const std::string path = options_.dir + "/checkpoint.note";
+  const std::string tmp = path + ".tmp";
+  unlink(tmp.c_str());
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return Errno("open", tmp);
+  FdCloser closer(fd);
+  if (absl::Status s = WriteAll(fd, *note); !s.ok()) return Prefix(s, tmp);
+  if (absl::Status s = closer.Close(); !s.ok()) return Prefix(s, tmp);
+  if (rename(tmp.c_str(), path.c_str()) != 0) return Errno("rename", path);
+  return absl::OkStatus();
 }
 
 absl::Status AuditLog::SaveWitness(const std::string& checkpoint_line) {

@@ -127,6 +127,8 @@ class AuditLog {
   absl::Status RotateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // SaveWitness replaces options_.witness_file with `checkpoint_line` (atomically).
   absl::Status SaveWitness(const std::string& checkpoint_line) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SaveNote replaces DIR/checkpoint.note with `c` as a C2SP signed note (checkpoint_note.h).
+  absl::Status SaveNote(const audit::Checkpoint& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // VerifyOnOpen runs the auditor's full check (VerifyLog) with the writer's witness.
   absl::Status VerifyOnOpen() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status TickLocked(int64_t now_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -362,8 +362,11 @@ std::string SigningKey::PublicKeyRaw() const { return public_raw_; }
 
 // ---- VerifyingKey -----------------------------------------------------------------------------
 
-VerifyingKey::VerifyingKey(std::shared_ptr<EVP_PKEY> pkey, std::string fingerprint)
-    : pkey_(std::move(pkey)), fingerprint_(std::move(fingerprint)) {}
+VerifyingKey::VerifyingKey(std::shared_ptr<EVP_PKEY> pkey, std::string public_raw,
+                           std::string fingerprint)
+    : pkey_(std::move(pkey)),
+      public_raw_(std::move(public_raw)),
+      fingerprint_(std::move(fingerprint)) {}
 
 absl::StatusOr<VerifyingKey> VerifyingKey::Make(EVP_PKEY* pkey) {
   std::shared_ptr<EVP_PKEY> shared(pkey, PkeyFree());
@@ -371,7 +374,7 @@ absl::StatusOr<VerifyingKey> VerifyingKey::Make(EVP_PKEY* pkey) {
   if (!raw.ok()) return raw.status();
   absl::StatusOr<std::string> fp = FingerprintOfRaw(*raw);
   if (!fp.ok()) return fp.status();
-  return VerifyingKey(std::move(shared), *std::move(fp));
+  return VerifyingKey(std::move(shared), *std::move(raw), *std::move(fp));
 }
 
 absl::StatusOr<VerifyingKey> VerifyingKey::FromPem(std::string_view pem) {
@@ -428,5 +431,7 @@ bool VerifyingKey::Verify(std::string_view message, std::string_view signature64
 }
 
 std::string VerifyingKey::Fingerprint() const { return fingerprint_; }
+
+std::string VerifyingKey::PublicKeyRaw() const { return public_raw_; }
 
 }  // namespace kvguard::audit

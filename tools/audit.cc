@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
+#include "audit/checkpoint_note.h"
 #include "audit/query.h"
 #include "audit/signing_key.h"
 #include "audit/verdict.h"
@@ -60,6 +61,9 @@ constexpr char kUsage[] =
     "  check-consistency --pubkey FILE --proof FILE [--witness FILE]\n"
     "                                  verify it with only the public key (--witness: and that\n"
     "                                  it starts from that checkpoint); exit 1 if it fails\n"
+    "  check-note --pubkey FILE --note FILE\n"
+    "                                  check a C2SP signed-note checkpoint (the log keeps its\n"
+    "                                  latest in DIR/checkpoint.note) with only the public key\n"
     "  pubkey --signing-key FILE [--out FILE]\n"
     "                                  print (or write) the public key PEM of an existing\n"
     "                                  signing key (never creates one: the service does)\n"
@@ -99,7 +103,7 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, const std::string&
 // Flags is every flag any audit command takes; each command refuses those it does not use.
 struct Flags {
   std::string dir;
-  std::string pubkey, witness, save_witness, proof, signing_key, out, format, record, from;
+  std::string pubkey, witness, save_witness, proof, signing_key, out, format, record, from, note;
   std::optional<uint64_t> seq;
   audit::RecordFilter filter;
   std::optional<absl::Duration> max_age;
@@ -158,6 +162,8 @@ std::string ParseFlags(const std::vector<std::string>& argv, Flags* f) {
       error = str(&f->witness);
     } else if (a.Flag("--save-witness")) {
       error = str(&f->save_witness);
+    } else if (a.Flag("--note")) {
+      error = str(&f->note);
     } else if (a.Flag("--from")) {
       error = str(&f->from);
     } else if (a.Flag("--proof")) {
@@ -541,6 +547,24 @@ int CheckConsistencyCommand(const Flags& f) {
   return 0;
 }
 
+int CheckNoteCommand(const Flags& f) {
+  if (f.pubkey.empty()) return Usage("check-note needs --pubkey FILE");
+  if (f.note.empty()) return Usage("check-note needs --note FILE");
+  absl::StatusOr<audit::VerifyingKey> key = audit::VerifyingKey::LoadFile(f.pubkey);
+  if (!key.ok()) return Fail("check-note", key.status());
+  absl::StatusOr<std::string> note = ReadFile(f.note, "note");
+  if (!note.ok()) return Fail("check-note", note.status());
+  absl::StatusOr<audit::NoteCheckpoint> c = audit::CheckCheckpointNote(*note, "", *key);
+  if (!c.ok()) {
+    std::printf("invalid: %s\n", std::string(c.status().message()).c_str());
+    return 1;
+  }
+  std::printf("valid: %s, %llu records, root %s; verifier key %s\n", c->origin.c_str(),
+              static_cast<unsigned long long>(c->size), audit::ToHex(c->root).c_str(),
+              audit::NoteVerifierKey(c->origin, key->PublicKeyRaw()).c_str());
+  return 0;
+}
+
 int Pubkey(const Flags& f) {
   if (f.signing_key.empty()) return Usage("pubkey needs --signing-key FILE");
   // Never create one here: a mistyped path would print the public key of a brand-new key.
@@ -612,6 +636,8 @@ int RunAudit(const std::vector<std::string>& argv) {
     if (check({"--from", "--out"}, true)) run = ProveConsistencyCommand;
   } else if (command == "check-consistency") {
     if (check({"--pubkey", "--proof", "--witness"}, false)) run = CheckConsistencyCommand;
+  } else if (command == "check-note") {
+    if (check({"--pubkey", "--note"}, false)) run = CheckNoteCommand;
   } else if (command == "pubkey") {
     if (check({"--signing-key", "--out"}, false)) run = Pubkey;
   } else {
