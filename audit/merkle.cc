@@ -9,14 +9,15 @@
 
 #include "absl/base/internal/raw_logging.h"
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "audit/hex.h"
 
 namespace kvguard::audit {
 namespace {
 
 constexpr char kLeafPrefix = '\x00';
 constexpr char kNodePrefix = '\x01';
-constexpr char kHexDigits[] = "0123456789abcdef";
 
 // Sha256Md returns SHA-256 fetched once from the default provider. Passing the implicit
 // EVP_sha256() instead makes OpenSSL 3 look the algorithm up again on every digest, which made
@@ -42,12 +43,6 @@ EVP_MD_CTX* ThreadCtx() {
   return ctx.get();
 }
 
-int HexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  return -1;
-}
-
 }  // namespace
 
 Hash Sha256(std::initializer_list<std::string_view> parts) {
@@ -64,12 +59,8 @@ Hash Sha256(std::initializer_list<std::string_view> parts) {
 }
 
 std::string ToHex(const Hash& h) {
-  std::string hex(2 * h.size(), '\0');
-  for (size_t i = 0; i < h.size(); ++i) {
-    hex[2 * i] = kHexDigits[h[i] >> 4];
-    hex[2 * i + 1] = kHexDigits[h[i] & 0xf];
-  }
-  return hex;
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(h.data()), h.size()));
 }
 
 absl::StatusOr<Hash> HashFromHex(std::string_view hex) {
@@ -78,14 +69,9 @@ absl::StatusOr<Hash> HashFromHex(std::string_view hex) {
     return absl::InvalidArgumentError(
         absl::StrCat("hash must be 64 lowercase hex digits, got ", hex.size(), " characters"));
   }
-  for (size_t i = 0; i < h.size(); ++i) {
-    const int hi = HexValue(hex[2 * i]);
-    const int lo = HexValue(hex[2 * i + 1]);
-    if (hi < 0 || lo < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "hash must be 64 lowercase hex digits, got another character near offset ", 2 * i));
-    }
-    h[i] = static_cast<uint8_t>(hi << 4 | lo);
+  if (!ParseLowerHex(hex, h)) {
+    return absl::InvalidArgumentError(
+        "hash must be 64 lowercase hex digits, got another character");
   }
   return h;
 }

@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "audit/private_file.h"
@@ -109,14 +110,6 @@ bool ReadOnePem(absl::string_view text, PemBlock& block) {
   return rest_len <= 0 || OnlyWhitespace(absl::string_view(rest, static_cast<size_t>(rest_len)));
 }
 
-void AppendHex(const uint8_t* bytes, size_t n, std::string& out) {
-  static constexpr char kHexDigits[] = "0123456789abcdef";
-  for (size_t i = 0; i < n; ++i) {
-    out.push_back(kHexDigits[bytes[i] >> 4]);
-    out.push_back(kHexDigits[bytes[i] & 15]);
-  }
-}
-
 // FingerprintOfRaw returns the fingerprint of the raw public key `raw` (signing_key.h, top).
 absl::StatusOr<std::string> FingerprintOfRaw(absl::string_view raw) {
   uint8_t digest[EVP_MAX_MD_SIZE];
@@ -125,9 +118,7 @@ absl::StatusOr<std::string> FingerprintOfRaw(absl::string_view raw) {
       digest_len != 32) {
     return OpenSslError("SHA-256");
   }
-  std::string hex;
-  AppendHex(digest, 8, hex);
-  return hex;
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), 8));
 }
 
 // RawPublicKey returns the raw 32-byte public key of the Ed25519 key `pkey`.

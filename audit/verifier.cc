@@ -17,6 +17,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "audit/hex.h"
 #include "audit/log.h"
 #include "audit/merkle.h"
 
@@ -28,11 +29,6 @@ absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.
 
 absl::Status ErrnoError(int err, std::string_view what, std::string_view path) {
   return absl::ErrnoToStatus(err, absl::StrCat(Sv(what), " ", Sv(path)));
-}
-
-bool IsLowerHex(std::string_view s) {
-  return std::all_of(s.begin(), s.end(),
-                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
 
 constexpr Hash kZeroHash{};
