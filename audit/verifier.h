@@ -11,9 +11,10 @@
 // a file removed or swapped - fails, unless whoever made it also holds the signing key.
 //
 // What a pass does not prove.
-//  * The tail. Records after the last checkpoint ("N records not yet covered by a checkpoint")
-//    are chained but signed by nobody: whoever can write the directory can rewrite them. They
-//    are reported, not failed, because a log that is being written always has such a tail.
+//  * The tail. Records after the last checkpoint (VerifyReport::uncovered) are chained but
+//    signed by nobody: whoever can write the directory can rewrite them. They are not a
+//    failure here (a log being written always has such a tail), but audit/verdict.h never calls
+//    such a log valid: its verdict is "unsigned tail" unless the auditor allows one.
 //  * Truncation. A log cut back at a record boundary, together with its newest checkpoints,
 //    is indistinguishable from a log that simply stopped there: it still passes, with fewer
 //    records. Only something kept outside the log catches this: pass the newest checkpoint

@@ -339,7 +339,11 @@ TEST_F(AuditLogTest, InvalidUtf8InAFieldIsWrittenNotThrown) {
 struct FakeClocks {
   std::shared_ptr<std::atomic<int64_t>> ms = std::make_shared<std::atomic<int64_t>>(1000000);
   static constexpr int64_t kEpochNs = int64_t{1767225600} * 1000000000;  // 2026-01-01
-  void Install(LogOptions& o) const {
+  // Install makes `o` run on these clocks, with checkpoints by time only (T, T' in ms).
+  void Install(LogOptions& o, int64_t checkpoint_ms, int64_t heartbeat_ms) const {
+    o.checkpoint_every = 1000;
+    o.checkpoint_interval_ms = checkpoint_ms;
+    o.heartbeat_interval_ms = heartbeat_ms;
     o.batch_interval_ms = 1000 * 1000 * 1000;  // the flusher never ticks during a test
     o.monotonic_ms = [ms = ms] { return ms->load(); };
     o.now_ns = [ms = ms] { return kEpochNs + ms->load() * 1000000; };
@@ -362,10 +366,7 @@ std::vector<Checkpoint> CheckpointsIn(const std::vector<std::string>& lines) {
 TEST_F(AuditLogTest, TickSignsPendingRecordsAfterTAndAHeartbeatAfterTPrimeWhenIdle) {
   FakeClocks clock;
   LogOptions o = Options();
-  o.checkpoint_every = 1000;
-  o.checkpoint_interval_ms = 10000;
-  o.heartbeat_interval_ms = 60000;
-  clock.Install(o);
+  clock.Install(o, 10000, 60000);
   auto log = *AuditLog::Open(o);
   auto tick = [&](int64_t t) {
     *clock.ms = t;
@@ -402,10 +403,7 @@ TEST_F(AuditLogTest, TickSignsPendingRecordsAfterTAndAHeartbeatAfterTPrimeWhenId
 TEST_F(AuditLogTest, MaxAgeTellsAGapOrAnOldLastCheckpoint) {
   FakeClocks clock;
   LogOptions o = Options();
-  o.checkpoint_every = 1000;
-  o.checkpoint_interval_ms = 1000;
-  o.heartbeat_interval_ms = 60000;
-  clock.Install(o);
+  clock.Install(o, 1000, 60000);
   const VerifyingKey pub = *VerifyingKey::FromRaw(key_->PublicKeyRaw());
   auto judge = [&](int64_t max_age_s, int64_t now_ns) {
     absl::StatusOr<VerifyReport> r = VerifyLog(dir_, pub);
