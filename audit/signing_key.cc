@@ -17,8 +17,8 @@
 #include <string_view>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "audit/private_file.h"
