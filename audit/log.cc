@@ -17,24 +17,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "audit/checkpoint_note.h"
 #include "audit/private_file.h"
 #include "audit/verifier.h"
 #include "openssl/rand.h"
 
 namespace kvguard::audit {
 namespace {
-
-int64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-int64_t MonotonicMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 absl::Status Errno(std::string_view what, const std::string& path) {
   return absl::ErrnoToStatus(errno, absl::StrCat(std::string(what), " ", path));
@@ -93,11 +82,26 @@ constexpr std::string_view kCheckpointPrefix = "{\"v\":1,\"type\":\"checkpoint\"
 
 std::string FileName(int index) { return absl::StrFormat("audit-%06d.jsonl", index); }
 
+int64_t AuditLog::NowNs() const {
+  if (options_.now_ns) return options_.now_ns();
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+int64_t AuditLog::MonotonicMs() const {
+  if (options_.monotonic_ms) return options_.monotonic_ms();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 absl::StatusOr<std::unique_ptr<AuditLog>> AuditLog::Open(LogOptions options) {
   if (options.dir.empty()) return absl::InvalidArgumentError("audit log: no directory");
   if (options.key == nullptr) return absl::InvalidArgumentError("audit log: no signing key");
   if (options.checkpoint_every < 1 || options.batch_records < 1 || options.rotate_bytes < 4096 ||
-      options.checkpoint_interval_ms < 1 || options.batch_interval_ms < 1) {
+      options.checkpoint_interval_ms < 1 || options.heartbeat_interval_ms < 1 ||
+      options.batch_interval_ms < 1) {
     return absl::InvalidArgumentError(
         "audit log: checkpoint_every, batch_records and intervals must be >= 1, rotate_bytes "
         ">= 4096");
@@ -245,7 +249,9 @@ absl::Status AuditLog::Recover() {
   // (After a crash mid-rotation, the file the rotation record names now exists, empty.)
   if (absl::Status s = VerifyOnOpen(); !s.ok()) return s;
   if (recovery) {
+    // Signed at once: from here on, deleting or editing the torn file fails verification.
     if (absl::Status s = AppendLocked(std::move(*recovery)); !s.ok()) return s;
+    if (absl::Status s = CheckpointLocked(); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -313,8 +319,9 @@ absl::Status AuditLog::AppendLocked(Event event) {
     s = FlushLocked();
   }
   // One rotation at a time: while one is pending (a failing disk), no second record is added.
+  // Nor after service_stop: its final checkpoint follows it directly (Close).
   if (s.ok() && !rotation_pending_ && event.type != "log_rotation" &&
-      file_bytes_ + pending_.size() >= options_.rotate_bytes) {
+      event.type != "service_stop" && file_bytes_ + pending_.size() >= options_.rotate_bytes) {
     s = RotateLocked();
   }
   return s;
@@ -381,7 +388,26 @@ absl::Status AuditLog::CheckpointLocked() {
   const std::string line = FormatCheckpoint(c);
   absl::Status s = FlushLocked();
   if (s.ok() && !rotation_pending_) s = SaveWitness(line);
+  if (s.ok() && !rotation_pending_) s = SaveNote(c);
   return s;
+}
+
+absl::Status AuditLog::SaveNote(const audit::Checkpoint& c) {
+  // A copy of the checkpoint in the C2SP format, for tools that speak it: replaced whole (a
+  // rename), not fsynced (the checkpoint line it is made from is, and verification does not
+  // read it).
+  absl::StatusOr<std::string> note = FormatCheckpointNote(c, *options_.key);
+  if (!note.ok()) return note.status();
+  const std::string path = options_.dir + "/checkpoint.note";
+  const std::string tmp = path + ".tmp";
+  unlink(tmp.c_str());
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return Errno("open", tmp);
+  FdCloser closer(fd);
+  if (absl::Status s = WriteAll(fd, *note); !s.ok()) return Prefix(s, tmp);
+  if (absl::Status s = closer.Close(); !s.ok()) return Prefix(s, tmp);
+  if (rename(tmp.c_str(), path.c_str()) != 0) return Errno("rename", path);
+  return absl::OkStatus();
 }
 
 absl::Status AuditLog::SaveWitness(const std::string& checkpoint_line) {
@@ -452,17 +478,28 @@ LogStats AuditLog::stats() const {
   return stats_;
 }
 
+absl::Status AuditLog::Tick(int64_t now_ms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return absl::OkStatus();
+  return TickLocked(now_ms);
+}
+
+absl::Status AuditLog::TickLocked(int64_t now_ms) {
+  const int64_t since = now_ms - last_checkpoint_ms_;
+  if (since_checkpoint_ > 0 ? since >= options_.checkpoint_interval_ms
+                            : since >= options_.heartbeat_interval_ms) {
+    return CheckpointLocked();
+  }
+  if (!pending_.empty() || rotation_pending_) return FlushLocked();  // rotation: retry the open
+  return absl::OkStatus();
+}
+
 void AuditLog::FlusherLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!closed_) {
     cv_.wait_for(lock, std::chrono::milliseconds(options_.batch_interval_ms));
     if (closed_) break;
-    if (since_checkpoint_ > 0 &&
-        MonotonicMs() - last_checkpoint_ms_ >= options_.checkpoint_interval_ms) {
-      CheckpointLocked().IgnoreError();                   // health_ records a failure
-    } else if (!pending_.empty() || rotation_pending_) {  // rotation_pending_: retry the open
-      FlushLocked().IgnoreError();
-    }
+    TickLocked(MonotonicMs()).IgnoreError();  // health_ records a failure
   }
 }
 
@@ -479,7 +516,8 @@ absl::Status AuditLog::Close() {
     stop.type = "service_stop";
     stop.detail = absl::StrCat("instance ", options_.instance);
     s = AppendLocked(std::move(stop));
-    if (s.ok()) s = CheckpointLocked();
+    // (AppendLocked has signed it already if it was the checkpoint_every-th record.)
+    if (s.ok() && since_checkpoint_ > 0) s = CheckpointLocked();
     closed_ = true;
     cv_.notify_all();
   }

@@ -5,7 +5,12 @@
 // batch_interval_ms by a background flusher), except durable events (strict tenants'), which
 // are written and fsync'd before Append returns. A checkpoint (signed tree head) follows every
 // checkpoint_every records or checkpoint_interval_ms, whichever comes first, and closes the
-// log. Files rotate at rotate_bytes; one chain runs through all of them.
+// log. While no record is pending, a heartbeat checkpoint (the same size, a new signed time)
+// follows every heartbeat_interval_ms, so that an auditor can tell a log that stopped being
+// signed (`verify --max-age`). Both timers run in Tick, which the background flusher calls and
+// tests call directly with their own clock. Files rotate at rotate_bytes; one chain runs
+// through all of them. service_stop is the last record a writer writes, and its checkpoint
+// follows it directly (Close).
 //
 // Crash recovery (Open on an existing directory): the whole log is read back to rebuild the
 // chain head and the tree, and verified in full (chain, canonical form, every checkpoint's
@@ -26,6 +31,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -46,6 +52,7 @@ struct LogOptions {
   std::string instance;                        // service instance id; "" = 16 random hex
   uint64_t checkpoint_every = 1000;            // records between checkpoints (>= 1)
   int64_t checkpoint_interval_ms = 10000;      // or this long since the last one
+  int64_t heartbeat_interval_ms = 60000;       // with no record pending: a checkpoint this often
   uint64_t rotate_bytes = uint64_t{64} << 20;  // start a new file past this size
   uint64_t batch_records = 512;                // write + fsync after this many pending records
   int64_t batch_interval_ms = 100;             // or when the flusher next wakes (this period)
@@ -54,6 +61,10 @@ struct LogOptions {
   // rewritten (and their checkpoints deleted) while the service was down are refused rather
   // than signed again, and a directory replaced wholesale is refused too. "" = none (tests).
   std::string witness_file;
+  // Clocks, for tests (null: the system's). monotonic_ms drives the checkpoint timers (Tick);
+  // now_ns stamps records and checkpoints (UTC ns since the epoch).
+  std::function<int64_t()> monotonic_ms;
+  std::function<int64_t()> now_ns;
 };
 
 struct LogStats {
@@ -92,6 +103,13 @@ class AuditLog {
   // Close appends service_stop and a final checkpoint, fsyncs and stops the flusher.
   absl::Status Close();
 
+  // Tick runs the timers as of `now_ms` (LogOptions::monotonic_ms's clock): it signs a
+  // checkpoint if records are uncovered and checkpoint_interval_ms has passed since the last
+  // checkpoint, or if none are and heartbeat_interval_ms has (a heartbeat); otherwise it writes
+  // pending records. Returns that write's status (OK if there was nothing to do). The flusher
+  // calls it every batch_interval_ms; a test calls it with its own times, without sleeping.
+  absl::Status Tick(int64_t now_ms);
+
   // Healthy returns OK if the last write succeeded, else its error.
   absl::Status Healthy() const;
 
@@ -109,9 +127,14 @@ class AuditLog {
   absl::Status RotateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // SaveWitness replaces options_.witness_file with `checkpoint_line` (atomically).
   absl::Status SaveWitness(const std::string& checkpoint_line) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SaveNote replaces DIR/checkpoint.note with `c` as a C2SP signed note (checkpoint_note.h).
+  absl::Status SaveNote(const audit::Checkpoint& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // VerifyOnOpen runs the auditor's full check (VerifyLog) with the writer's witness.
   absl::Status VerifyOnOpen() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status TickLocked(int64_t now_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FlusherLoop();
+  int64_t MonotonicMs() const;
+  int64_t NowNs() const;
 
   LogOptions options_;
   std::string log_id_;

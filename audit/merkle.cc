@@ -9,14 +9,15 @@
 
 #include "absl/base/internal/raw_logging.h"
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "audit/hex.h"
 
 namespace kvguard::audit {
 namespace {
 
 constexpr char kLeafPrefix = '\x00';
 constexpr char kNodePrefix = '\x01';
-constexpr char kHexDigits[] = "0123456789abcdef";
 
 // Sha256Md returns SHA-256 fetched once from the default provider. Passing the implicit
 // EVP_sha256() instead makes OpenSSL 3 look the algorithm up again on every digest, which made
@@ -42,12 +43,6 @@ EVP_MD_CTX* ThreadCtx() {
   return ctx.get();
 }
 
-int HexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  return -1;
-}
-
 }  // namespace
 
 Hash Sha256(std::initializer_list<std::string_view> parts) {
@@ -64,12 +59,8 @@ Hash Sha256(std::initializer_list<std::string_view> parts) {
 }
 
 std::string ToHex(const Hash& h) {
-  std::string hex(2 * h.size(), '\0');
-  for (size_t i = 0; i < h.size(); ++i) {
-    hex[2 * i] = kHexDigits[h[i] >> 4];
-    hex[2 * i + 1] = kHexDigits[h[i] & 0xf];
-  }
-  return hex;
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(h.data()), h.size()));
 }
 
 absl::StatusOr<Hash> HashFromHex(std::string_view hex) {
@@ -78,14 +69,9 @@ absl::StatusOr<Hash> HashFromHex(std::string_view hex) {
     return absl::InvalidArgumentError(
         absl::StrCat("hash must be 64 lowercase hex digits, got ", hex.size(), " characters"));
   }
-  for (size_t i = 0; i < h.size(); ++i) {
-    const int hi = HexValue(hex[2 * i]);
-    const int lo = HexValue(hex[2 * i + 1]);
-    if (hi < 0 || lo < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "hash must be 64 lowercase hex digits, got another character near offset ", 2 * i));
-    }
-    h[i] = static_cast<uint8_t>(hi << 4 | lo);
+  if (!ParseLowerHex(hex, h)) {
+    return absl::InvalidArgumentError(
+        "hash must be 64 lowercase hex digits, got another character");
   }
   return h;
 }
@@ -188,6 +174,74 @@ bool VerifyInclusion(const Hash& leaf_hash, uint64_t index, uint64_t size,
     sn >>= 1;
   }
   return sn == 0 && r == root;  // sn != 0: path too short
+}
+
+absl::StatusOr<std::vector<Hash>> ConsistencyProof(std::span<const Hash> leaf_hashes, uint64_t m,
+                                                   uint64_t n) {
+  if (m == 0 || m > n || n > leaf_hashes.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("consistency proof: sizes ", m, " and ", n,
+                                                   " are not 0 < m <= n <= ", leaf_hashes.size()));
+  }
+  // SUBPROOF(m, D[lo:lo+n], b), unrolled from the root down: each level adds the head of the
+  // side the old tree does not reach into (pushed here, reversed at the end, since the RFC
+  // lists the deepest first).
+  std::vector<Hash> proof;
+  uint64_t lo = 0;
+  bool whole = true;  // b: the subtree of m leaves is the old tree itself (its head is known)
+  while (m != n) {
+    const uint64_t k = std::bit_floor(n - 1);  // largest power of two < n
+    if (m <= k) {
+      proof.push_back(RootOf(leaf_hashes.subspan(lo + k, n - k)));
+      n = k;
+    } else {
+      proof.push_back(RootOf(leaf_hashes.subspan(lo, k)));
+      lo += k;
+      m -= k;
+      n -= k;
+      whole = false;
+    }
+  }
+  if (!whole) proof.push_back(RootOf(leaf_hashes.subspan(lo, m)));
+  std::reverse(proof.begin(), proof.end());
+  return proof;
+}
+
+bool VerifyConsistency(uint64_t m, uint64_t n, const Hash& root_m, const Hash& root_n,
+                       std::span<const Hash> path) {
+  if (m == 0 || m > n) return false;
+  if (m == n) return path.empty() && root_m == root_n;
+  if (path.empty()) return false;
+  // RFC 9162 2.1.4.2, step by step. An old tree of a power-of-two size is a whole subtree of
+  // the new one: its head is the first node, not sent.
+  std::vector<Hash> p;
+  p.reserve(path.size() + 1);
+  if (std::has_single_bit(m)) p.push_back(root_m);
+  p.insert(p.end(), path.begin(), path.end());
+  uint64_t fn = m - 1;
+  uint64_t sn = n - 1;
+  while ((fn & 1) != 0) {
+    fn >>= 1;
+    sn >>= 1;
+  }
+  Hash fr = p[0];
+  Hash sr = p[0];
+  for (size_t i = 1; i < p.size(); ++i) {
+    const Hash& c = p[i];
+    if (sn == 0) return false;  // path too long
+    if ((fn & 1) != 0 || fn == sn) {
+      fr = NodeHash(c, fr);
+      sr = NodeHash(c, sr);
+      while ((fn & 1) == 0 && fn != 0) {
+        fn >>= 1;
+        sn >>= 1;
+      }
+    } else {
+      sr = NodeHash(sr, c);
+    }
+    fn >>= 1;
+    sn >>= 1;
+  }
+  return sn == 0 && fr == root_m && sr == root_n;
 }
 
 }  // namespace kvguard::audit

@@ -87,6 +87,20 @@ absl::StatusOr<std::vector<Hash>> InclusionProof(std::span<const Hash> leaf_hash
 bool VerifyInclusion(const Hash& leaf_hash, uint64_t index, uint64_t size,
                      std::span<const Hash> path, const Hash& root);
 
+// ConsistencyProof returns the RFC 9162 (2.1.4.1) consistency proof PROOF(m, D[n]) between
+// the tree of the first `m` and the tree of the first `n` of `leaf_hashes`: the node hashes a
+// verifier needs to recompute both heads, the first of them from the left. Empty when m == n.
+// Costs at most n node hashes. Returns InvalidArgument unless 0 < m <= n <= leaf_hashes.size().
+absl::StatusOr<std::vector<Hash>> ConsistencyProof(std::span<const Hash> leaf_hashes, uint64_t m,
+                                                   uint64_t n);
+
+// VerifyConsistency returns true iff `path` proves that the tree of `m` leaves with head
+// `root_m` is a prefix of the tree of `n` leaves with head `root_n` (RFC 9162 2.1.4.2): for
+// m == n, iff the path is empty and the heads are equal. Returns false if m == 0 or m > n, and
+// for a path of the wrong length or that recomputes either head otherwise.
+bool VerifyConsistency(uint64_t m, uint64_t n, const Hash& root_m, const Hash& root_n,
+                       std::span<const Hash> path);
+
 }  // namespace kvguard::audit
 
 #endif  // KVGUARD_AUDIT_MERKLE_H_

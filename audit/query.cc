@@ -315,14 +315,24 @@ absl::StatusOr<uint64_t> LogFollower::Poll(
   }
 }
 
-absl::StatusOr<std::string> ProveRecord(const std::string& dir, uint64_t seq) {
+namespace {
+
+// LogTree is what a proof needs of a log: every record's leaf hash, one record's line, and the
+// latest checkpoint.
+struct LogTree {
+  std::vector<Hash> leaves;
+  std::string leaf_line;  // of record `seq` given to ReadLogTree, if there is one
+  std::optional<Checkpoint> checkpoint;
+  std::string checkpoint_line;
+};
+
+// ReadLogTree reads the log in `dir` into a LogTree, keeping the line of record `seq`. Errors:
+// InvalidArgument for a line that does not parse, DataLoss for records out of order, the file
+// system's.
+absl::StatusOr<LogTree> ReadLogTree(const std::string& dir, std::optional<uint64_t> seq) {
   absl::StatusOr<LogDirectory> listing = ListLogDirectory(dir);
   if (!listing.ok()) return listing.status();
-  std::vector<Hash> leaves;
-  std::string leaf_line;
-  std::string checkpoint_line;
-  Checkpoint checkpoint;
-  bool have_checkpoint = false;
+  LogTree tree;
   for (int index : listing->indexes) {
     const std::string name = FileName(index);
     std::string unterminated;
@@ -332,23 +342,84 @@ absl::StatusOr<std::string> ProveRecord(const std::string& dir, uint64_t seq) {
           absl::StatusOr<Line> line = ParseLine(text);
           if (!line.ok()) return LineError(name, number, line.status().message());
           if (line->kind == Line::Kind::kCheckpoint) {
-            checkpoint = line->checkpoint;
-            checkpoint_line = std::string(text);
-            have_checkpoint = true;
+            tree.checkpoint = line->checkpoint;
+            tree.checkpoint_line = std::string(text);
             return absl::OkStatus();
           }
-          if (line->seq != leaves.size()) {
+          if (line->seq != tree.leaves.size()) {
             return absl::DataLossError(absl::StrCat(name, " line ", number, ": seq ", line->seq,
-                                                    " where seq ", leaves.size(),
+                                                    " where seq ", tree.leaves.size(),
                                                     " belongs (run kvguard audit verify)"));
           }
-          if (line->seq == seq) leaf_line = std::string(text);
-          leaves.push_back(LeafHash(text));
+          if (line->seq == seq) tree.leaf_line = std::string(text);
+          tree.leaves.push_back(LeafHash(text));
           return absl::OkStatus();
         },
         &unterminated);
     if (!s.ok()) return s;
   }
+  return tree;
+}
+
+// ParsePath returns the hashes of a proof's "path" array, or InvalidArgument naming the bad one.
+absl::StatusOr<std::vector<Hash>> ParsePath(const nlohmann::ordered_json& path) {
+  std::vector<Hash> hashes;
+  for (const nlohmann::ordered_json& h : path) {
+    absl::StatusOr<Hash> parsed =
+        h.is_string() ? HashFromHex(h.get<std::string>())
+                      : absl::StatusOr<Hash>(absl::InvalidArgumentError("not a string"));
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("path element ", hashes.size(), " is not 64 lowercase hex digits"));
+    }
+    hashes.push_back(*parsed);
+  }
+  return hashes;
+}
+
+// ParseProofObject returns the proof in `json`: a JSON object of format version kFormatVersion
+// with no field but `keys`; or InvalidArgument saying what is wrong.
+absl::StatusOr<nlohmann::ordered_json> ParseProofObject(std::string_view json,
+                                                        std::span<const std::string_view> keys) {
+  nlohmann::ordered_json p =
+      nlohmann::ordered_json::parse(json.begin(), json.end(), nullptr, false);
+  if (p.is_discarded() || !p.is_object()) return absl::InvalidArgumentError("not a JSON object");
+  for (const auto& [k, v] : p.items()) {
+    if (std::find(keys.begin(), keys.end(), k) == keys.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown field '", k, "'"));
+    }
+  }
+  auto v = p.find("v");
+  if (v == p.end() || !v->is_number_integer() || v->get<int64_t>() != kFormatVersion) {
+    return absl::InvalidArgumentError(absl::StrCat("not format version ", kFormatVersion));
+  }
+  return p;
+}
+
+// CheckSigned returns OK if `c` is signed by `key`, else InvalidArgument saying why.
+absl::Status CheckSigned(const Checkpoint& c, const VerifyingKey& key) {
+  if (c.key_fp != key.Fingerprint()) {
+    return absl::InvalidArgumentError(absl::StrCat("the checkpoint is signed by key ", c.key_fp,
+                                                   ", not by the public key given (",
+                                                   key.Fingerprint(), ")"));
+  }
+  if (!key.Verify(CheckpointMessage(c.log_id, c.size, c.head, c.root, c.time_ns), c.sig)) {
+    return absl::InvalidArgumentError(
+        "the checkpoint's signature does not verify with the public key");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ProveRecord(const std::string& dir, uint64_t seq) {
+  absl::StatusOr<LogTree> tree = ReadLogTree(dir, seq);
+  if (!tree.ok()) return tree.status();
+  const std::vector<Hash>& leaves = tree->leaves;
+  const std::string& leaf_line = tree->leaf_line;
+  const std::string& checkpoint_line = tree->checkpoint_line;
+  const bool have_checkpoint = tree->checkpoint.has_value();
+  const Checkpoint checkpoint = tree->checkpoint.value_or(Checkpoint{});
   if (seq >= leaves.size()) {
     return absl::NotFoundError(
         absl::StrCat("the log has ", leaves.size(), " records; there is no seq ", seq));
@@ -383,20 +454,11 @@ absl::StatusOr<ProvenRecord> CheckProof(std::string_view proof_json,
   auto bad = [](std::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat("proof: ", Sv(why)));
   };
-  const nlohmann::ordered_json p =
-      nlohmann::ordered_json::parse(proof_json.begin(), proof_json.end(), nullptr, false);
-  if (p.is_discarded() || !p.is_object()) return bad("not a JSON object");
-  for (const auto& [k, v] : p.items()) {
-    static constexpr std::string_view kKeys[] = {"v",    "log_id", "index",     "size",
-                                                 "leaf", "path",   "checkpoint"};
-    if (std::find(std::begin(kKeys), std::end(kKeys), k) == std::end(kKeys)) {
-      return bad(absl::StrCat("unknown field '", k, "'"));
-    }
-  }
-  auto v = p.find("v");
-  if (v == p.end() || !v->is_number_integer() || v->get<int64_t>() != kFormatVersion) {
-    return bad(absl::StrCat("not format version ", kFormatVersion));
-  }
+  static constexpr std::string_view kKeys[] = {"v",    "log_id", "index",     "size",
+                                               "leaf", "path",   "checkpoint"};
+  const absl::StatusOr<nlohmann::ordered_json> parsed = ParseProofObject(proof_json, kKeys);
+  if (!parsed.ok()) return bad(std::string(parsed.status().message()));
+  const nlohmann::ordered_json& p = *parsed;
   auto log_id = p.find("log_id");
   auto index = p.find("index");
   auto size = p.find("size");
@@ -430,16 +492,8 @@ absl::StatusOr<ProvenRecord> CheckProof(std::string_view proof_json,
   }
   out.record = *std::move(record);
 
-  std::vector<Hash> hashes;
-  for (const nlohmann::ordered_json& h : *path) {
-    absl::StatusOr<Hash> parsed =
-        h.is_string() ? HashFromHex(h.get<std::string>())
-                      : absl::StatusOr<Hash>(absl::InvalidArgumentError("not a string"));
-    if (!parsed.ok()) {
-      return bad(absl::StrCat("path element ", hashes.size(), " is not 64 lowercase hex digits"));
-    }
-    hashes.push_back(*parsed);
-  }
+  absl::StatusOr<std::vector<Hash>> hashes = ParsePath(*path);
+  if (!hashes.ok()) return bad(std::string(hashes.status().message()));
 
   // The checkpoint in the writer's key order: ParseLine then checks it as it checks the log's.
   static constexpr const char* kCheckpointKeys[] = {"v",    "type",    "log_id", "size", "head",
@@ -462,20 +516,109 @@ absl::StatusOr<ProvenRecord> CheckProof(std::string_view proof_json,
   if (ck.size != n) {
     return bad(absl::StrCat("size ", n, " is not the checkpoint's size (", ck.size, ")"));
   }
-  if (ck.key_fp != key.Fingerprint()) {
-    return bad(absl::StrCat("the checkpoint is signed by key ", ck.key_fp,
-                            ", not by the public key given (", key.Fingerprint(), ")"));
-  }
-  if (!key.Verify(CheckpointMessage(ck.log_id, ck.size, ck.head, ck.root, ck.time_ns), ck.sig)) {
-    return bad("the checkpoint's signature does not verify with the public key");
+  if (absl::Status signed_ok = CheckSigned(ck, key); !signed_ok.ok()) {
+    return bad(std::string(signed_ok.message()));
   }
   if (i >= n) return bad(absl::StrCat("index ", i, " is not below size ", n));
   if (i + 1 == n && out.record.hash != ck.head) {
     return bad("the leaf is the checkpoint's last record but not its head");
   }
-  if (!VerifyInclusion(LeafHash(out.line), i, n, hashes, ck.root)) {
+  if (!VerifyInclusion(LeafHash(out.line), i, n, *hashes, ck.root)) {
     return bad(absl::StrCat("the audit path does not lead from leaf ", i, " to the root of the ", n,
                             "-record tree the checkpoint signs"));
+  }
+  return out;
+}
+
+absl::StatusOr<std::string> ProveConsistency(const std::string& dir, const Checkpoint& first) {
+  if (first.size == 0) {
+    return absl::InvalidArgumentError("consistency proof: the first checkpoint has size 0");
+  }
+  absl::StatusOr<LogTree> tree = ReadLogTree(dir, std::nullopt);
+  if (!tree.ok()) return tree.status();
+  if (!tree->checkpoint) {
+    return absl::FailedPreconditionError("the log has no checkpoint yet: nothing to prove to");
+  }
+  const Checkpoint& second = *tree->checkpoint;
+  if (first.log_id != second.log_id) {
+    return absl::InvalidArgumentError(absl::StrCat("the first checkpoint is for log ", first.log_id,
+                                                   ", not this log (", second.log_id, ")"));
+  }
+  if (first.size > second.size) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the log's latest checkpoint has size ", second.size,
+                     ", below the first checkpoint's ", first.size, " (checkpoints deleted?)"));
+  }
+  const std::span<const Hash> leaves(tree->leaves);
+  if (second.size > leaves.size() || RootOf(leaves.first(second.size)) != second.root) {
+    return absl::DataLossError(absl::StrCat("the records do not match the checkpoint of size ",
+                                            second.size, " (run kvguard audit verify)"));
+  }
+  if (RootOf(leaves.first(first.size)) != first.root) {
+    return absl::DataLossError(absl::StrCat("the log does not extend the first checkpoint: its ",
+                                            first.size, " first records have another root"));
+  }
+  absl::StatusOr<std::vector<Hash>> path = ConsistencyProof(leaves, first.size, second.size);
+  if (!path.ok()) return path.status();
+  nlohmann::ordered_json proof;
+  proof["v"] = kFormatVersion;
+  proof["log_id"] = second.log_id;
+  proof["first"] = FormatCheckpoint(first);
+  proof["second"] = tree->checkpoint_line;
+  proof["path"] = nlohmann::ordered_json::array();
+  for (const Hash& h : *path) proof["path"].push_back(ToHex(h));
+  return proof.dump(2) + "\n";
+}
+
+absl::StatusOr<ProvenConsistency> CheckConsistency(std::string_view proof_json,
+                                                   const VerifyingKey& key,
+                                                   const std::optional<Checkpoint>& witness) {
+  auto bad = [](std::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("consistency proof: ", Sv(why)));
+  };
+  static constexpr std::string_view kKeys[] = {"v", "log_id", "first", "second", "path"};
+  const absl::StatusOr<nlohmann::ordered_json> parsed = ParseProofObject(proof_json, kKeys);
+  if (!parsed.ok()) return bad(std::string(parsed.status().message()));
+  const nlohmann::ordered_json& p = *parsed;
+  auto log_id = p.find("log_id");
+  auto path = p.find("path");
+  if (log_id == p.end() || !log_id->is_string()) return bad("'log_id' missing or not a string");
+  if (path == p.end() || !path->is_array()) return bad("'path' missing or not an array");
+  ProvenConsistency out;
+  for (const char* name : {"first", "second"}) {
+    auto it = p.find(name);
+    if (it == p.end() || !it->is_string()) {
+      return bad(absl::StrCat("'", name, "' missing or not a checkpoint line"));
+    }
+    absl::StatusOr<Checkpoint> c = ParseWitness(it->get<std::string>());
+    if (!c.ok()) return bad(absl::StrCat(name, ": ", c.status().message()));
+    if (c->log_id != log_id->get<std::string>()) {
+      return bad(absl::StrCat(name, ": for log ", c->log_id, ", not the proof's"));
+    }
+    if (absl::Status s = CheckSigned(*c, key); !s.ok()) {
+      return bad(absl::StrCat(name, ": ", s.message()));
+    }
+    (std::string_view(name) == "first" ? out.first : out.second) = *c;
+  }
+  if (witness && (witness->log_id != out.first.log_id || witness->size != out.first.size ||
+                  witness->head != out.first.head || witness->root != out.first.root)) {
+    return bad(absl::StrCat("it starts from another checkpoint (size ", out.first.size,
+                            ") than the witness (size ", witness->size, ")"));
+  }
+  absl::StatusOr<std::vector<Hash>> hashes = ParsePath(*path);
+  if (!hashes.ok()) return bad(std::string(hashes.status().message()));
+  if (out.first.size > out.second.size) {
+    return bad(absl::StrCat("the first checkpoint (size ", out.first.size,
+                            ") is larger than the second (size ", out.second.size, ")"));
+  }
+  if (out.first.size == out.second.size && out.first.head != out.second.head) {
+    return bad("two checkpoints of one size with different heads: the log forked");
+  }
+  if (!VerifyConsistency(out.first.size, out.second.size, out.first.root, out.second.root,
+                         *hashes)) {
+    return bad(absl::StrCat("the path does not prove that the tree of ", out.second.size,
+                            " records extends the tree of ", out.first.size,
+                            " (a rewritten history, or a damaged proof)"));
   }
   return out;
 }

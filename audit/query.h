@@ -134,6 +134,30 @@ absl::StatusOr<ProvenRecord> CheckProof(std::string_view proof_json,
                                         std::optional<std::string_view> record_line,
                                         const VerifyingKey& key);
 
+// ProveConsistency returns the consistency proof (FORMAT.md, "Consistency proof": JSON, ending
+// in '\n') that the log in `dir`, as its latest checkpoint signs it, extends the checkpoint
+// `first` (an auditor's witness, or any earlier checkpoint of the log). Errors: InvalidArgument
+// if `first` is for another log or of size 0; FailedPrecondition if the log has no checkpoint,
+// or none as large as `first`; DataLoss if the log's records do not have `first`'s root or the
+// latest checkpoint's (run VerifyLog); ReadLogTree's errors. It checks no signature: the checker
+// does.
+absl::StatusOr<std::string> ProveConsistency(const std::string& dir, const Checkpoint& first);
+
+// ProvenConsistency is what a valid consistency proof establishes: the tree `second` signs
+// extends the tree `first` signs (its first first.size records are the same).
+struct ProvenConsistency {
+  Checkpoint first, second;
+};
+
+// CheckConsistency verifies the consistency proof `proof_json` with the public key `key` alone:
+// both checkpoints are for the proof's log and signed by the key, and the path (RFC 9162
+// 2.1.4.2) takes the first's root to the second's. If `witness` is given, the proof must start
+// from it (same log, size, head and root). Returns what it proves, or InvalidArgument saying what
+// is wrong.
+absl::StatusOr<ProvenConsistency> CheckConsistency(std::string_view proof_json,
+                                                   const VerifyingKey& key,
+                                                   const std::optional<Checkpoint>& witness);
+
 }  // namespace kvguard::audit
 
 #endif  // KVGUARD_AUDIT_QUERY_H_

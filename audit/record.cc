@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <span>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "audit/hex.h"
 #include "nlohmann/json.hpp"
 
 namespace kvguard::audit {
@@ -136,12 +138,10 @@ absl::StatusOr<Line> ParseCheckpointLine(const nlohmann::json& j, std::string_vi
       !GetString(j, "sig", true, &sig_hex, &error)) {
     return absl::InvalidArgumentError(absl::StrCat("checkpoint: ", error));
   }
-  if (sig_hex->size() != 128 || !std::all_of(sig_hex->begin(), sig_hex->end(), [](char ch) {
-        return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f');
-      })) {
+  std::string sig(64, '\0');  // Ed25519
+  if (!ParseLowerHex(*sig_hex, std::span(reinterpret_cast<uint8_t*>(sig.data()), sig.size()))) {
     return absl::InvalidArgumentError("checkpoint: 'sig' is not 128 lowercase hex digits");
   }
-  std::string sig = absl::HexStringToBytes(*sig_hex);
   c.log_id = *log_id;
   c.size = *size;
   c.time_ns = time_ns.value_or(0);

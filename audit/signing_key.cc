@@ -17,6 +17,7 @@
 #include <string_view>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -109,14 +110,6 @@ bool ReadOnePem(absl::string_view text, PemBlock& block) {
   return rest_len <= 0 || OnlyWhitespace(absl::string_view(rest, static_cast<size_t>(rest_len)));
 }
 
-void AppendHex(const uint8_t* bytes, size_t n, std::string& out) {
-  static constexpr char kHexDigits[] = "0123456789abcdef";
-  for (size_t i = 0; i < n; ++i) {
-    out.push_back(kHexDigits[bytes[i] >> 4]);
-    out.push_back(kHexDigits[bytes[i] & 15]);
-  }
-}
-
 // FingerprintOfRaw returns the fingerprint of the raw public key `raw` (signing_key.h, top).
 absl::StatusOr<std::string> FingerprintOfRaw(absl::string_view raw) {
   uint8_t digest[EVP_MAX_MD_SIZE];
@@ -125,9 +118,7 @@ absl::StatusOr<std::string> FingerprintOfRaw(absl::string_view raw) {
       digest_len != 32) {
     return OpenSslError("SHA-256");
   }
-  std::string hex;
-  AppendHex(digest, 8, hex);
-  return hex;
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), 8));
 }
 
 // RawPublicKey returns the raw 32-byte public key of the Ed25519 key `pkey`.
@@ -362,8 +353,11 @@ std::string SigningKey::PublicKeyRaw() const { return public_raw_; }
 
 // ---- VerifyingKey -----------------------------------------------------------------------------
 
-VerifyingKey::VerifyingKey(std::shared_ptr<EVP_PKEY> pkey, std::string fingerprint)
-    : pkey_(std::move(pkey)), fingerprint_(std::move(fingerprint)) {}
+VerifyingKey::VerifyingKey(std::shared_ptr<EVP_PKEY> pkey, std::string public_raw,
+                           std::string fingerprint)
+    : pkey_(std::move(pkey)),
+      public_raw_(std::move(public_raw)),
+      fingerprint_(std::move(fingerprint)) {}
 
 absl::StatusOr<VerifyingKey> VerifyingKey::Make(EVP_PKEY* pkey) {
   std::shared_ptr<EVP_PKEY> shared(pkey, PkeyFree());
@@ -371,7 +365,7 @@ absl::StatusOr<VerifyingKey> VerifyingKey::Make(EVP_PKEY* pkey) {
   if (!raw.ok()) return raw.status();
   absl::StatusOr<std::string> fp = FingerprintOfRaw(*raw);
   if (!fp.ok()) return fp.status();
-  return VerifyingKey(std::move(shared), *std::move(fp));
+  return VerifyingKey(std::move(shared), *std::move(raw), *std::move(fp));
 }
 
 absl::StatusOr<VerifyingKey> VerifyingKey::FromPem(std::string_view pem) {
@@ -428,5 +422,7 @@ bool VerifyingKey::Verify(std::string_view message, std::string_view signature64
 }
 
 std::string VerifyingKey::Fingerprint() const { return fingerprint_; }
+
+std::string VerifyingKey::PublicKeyRaw() const { return public_raw_; }
 
 }  // namespace kvguard::audit

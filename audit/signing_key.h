@@ -106,13 +106,17 @@ class VerifyingKey {
   // Fingerprint returns the key's fingerprint (see the top of this file).
   std::string Fingerprint() const;
 
+  // PublicKeyRaw returns the raw 32-byte public key.
+  std::string PublicKeyRaw() const;
+
  private:
   // Make returns a VerifyingKey that owns `pkey`, an Ed25519 key, or Internal (having freed
   // `pkey`) if OpenSSL fails.
   static absl::StatusOr<VerifyingKey> Make(EVP_PKEY* pkey);
-  VerifyingKey(std::shared_ptr<EVP_PKEY> pkey, std::string fingerprint);
+  VerifyingKey(std::shared_ptr<EVP_PKEY> pkey, std::string public_raw, std::string fingerprint);
 
   std::shared_ptr<EVP_PKEY> pkey_;  // never null; shared by copies, never modified
+  std::string public_raw_;
   std::string fingerprint_;
 };
 

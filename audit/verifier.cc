@@ -8,12 +8,16 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <span>
+#include <sstream>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "audit/hex.h"
 #include "audit/log.h"
 #include "audit/merkle.h"
 
@@ -25,11 +29,6 @@ absl::string_view Sv(std::string_view s) { return absl::string_view(s.data(), s.
 
 absl::Status ErrnoError(int err, std::string_view what, std::string_view path) {
   return absl::ErrnoToStatus(err, absl::StrCat(Sv(what), " ", Sv(path)));
-}
-
-bool IsLowerHex(std::string_view s) {
-  return std::all_of(s.begin(), s.end(),
-                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
 
 constexpr Hash kZeroHash{};
@@ -147,6 +146,7 @@ class Verifier {
   bool CheckRecord(const Line& line, const Hash& leaf);
   bool CheckCheckpoint(std::string_view text, const Checkpoint& c);
   bool CheckFileEnd(bool newest);
+  bool CheckRecovery(const Line& line);
 
   const std::string dir_;
   const VerifyingKey& key_;
@@ -167,6 +167,8 @@ class Verifier {
   bool file_has_record_ = false;
   uint64_t file_last_line_ = 0;
   std::optional<std::string> file_rotation_;  // detail of a log_rotation record, if last
+  // A service_start since the last checkpoint: the time to the next one is not a gap.
+  bool restarted_ = false;
 };
 
 bool Verifier::CheckLogId() {
@@ -253,9 +255,12 @@ bool Verifier::CheckRecord(const Line& line, const Hash& leaf) {
     }
     file_rotation_ = next;
   } else if (line.event.type == "recovery") {
-    report_->recoveries.push_back(
-        RecoveryNote{line.seq, file_, line_, line.event.detail.value_or("")});
+    if (!CheckRecovery(line)) return false;
+  } else if (line.event.type == "service_start") {
+    restarted_ = true;
   }
+  if (report_->records == 0) report_->first_record_ns = line.event.time_ns;
+  report_->last_record_ns = line.event.time_ns;
   head_ = line.hash;
   tree_.Append(leaf);
   ++next_seq_;
@@ -300,10 +305,56 @@ bool Verifier::CheckCheckpoint(std::string_view text, const Checkpoint& c) {
   if (!key_.Verify(CheckpointMessage(c.log_id, c.size, c.head, c.root, c.time_ns), c.sig)) {
     return FailCheckpoint("checkpoint signature does not verify with the public key");
   }
+  if (report_->last_checkpoint && !restarted_) {
+    const int64_t gap = c.time_ns - report_->last_checkpoint->time_ns;
+    if (!report_->longest_gap || gap > report_->longest_gap->ns) {
+      report_->longest_gap =
+          CheckpointGap{gap, report_->last_checkpoint->time_ns, c.time_ns, file_, line_};
+    }
+  }
+  restarted_ = false;
   covered_ = c.size;
+  report_->covered_through_ns = report_->last_record_ns;
   ++report_->checkpoints;
   report_->last_checkpoint = c;
   report_->last_checkpoint_line = std::string(text);
+  return true;
+}
+
+// CheckRecovery checks that the torn-*.bin file a `recovery` record names is still there with
+// the size and SHA-256 the record gives (log.cc writes "set aside N bytes (sha256 H) of a torn
+// record from FILE at byte P into torn-T.bin"): the record is signed, so deleting or editing the
+// set-aside bytes is detected.
+bool Verifier::CheckRecovery(const Line& line) {
+  const std::string detail = line.event.detail.value_or("");
+  RecoveryNote note{line.seq, file_, line_, detail, ""};
+  uint64_t size = 0;
+  const size_t bytes = detail.find(" bytes (sha256 ");
+  const size_t into = detail.rfind(" into ");
+  absl::StatusOr<Hash> digest = absl::InvalidArgumentError("");
+  if (detail.starts_with("set aside ") && bytes != std::string::npos &&
+      absl::SimpleAtoi(absl::string_view(detail).substr(10, bytes - 10), &size)) {
+    digest = HashFromHex(std::string_view(detail).substr(bytes + 15, 64));
+  }
+  if (into != std::string::npos) note.torn_file = detail.substr(into + 6);
+  if (!digest.ok() || !note.torn_file.starts_with("torn-") || !note.torn_file.ends_with(".bin") ||
+      note.torn_file.find('/') != std::string::npos) {
+    return FailRecord(
+        "recovery record does not name the torn-*.bin file it set aside and its sha256");
+  }
+  std::ifstream in(dir_ + "/" + note.torn_file, std::ios::binary);
+  if (!in) {
+    return FailRecord(absl::StrCat("recovery record names ", note.torn_file,
+                                   ", which is missing from the directory (deleted?)"));
+  }
+  std::stringstream data;
+  data << in.rdbuf();
+  const std::string torn = data.str();
+  if (torn.size() != size || Sha256({torn}) != *digest) {
+    return FailRecord(absl::StrCat(note.torn_file, " is not the ", size,
+                                   " bytes this recovery record set aside (sha256 differs)"));
+  }
+  report_->recoveries.push_back(std::move(note));
   return true;
 }
 
@@ -399,6 +450,19 @@ absl::Status Verifier::Run() {
     line_ = 0;
     Fail(absl::StrCat("log does not extend the witness checkpoint of size ", options_.witness->size,
                       ": it has only ", next_seq_, " records (truncated?)"),
+         std::nullopt, false);
+    return absl::OkStatus();
+  }
+  if (options_.witness && options_.witness->size > 0 &&
+      (!report_->last_checkpoint || report_->last_checkpoint->size < options_.witness->size)) {
+    // The witness came from a checkpoint of this log, and the writer never removes one: the
+    // checkpoints from it on were deleted, which would turn signed records into a tail.
+    file_.clear();
+    line_ = 0;
+    Fail(absl::StrCat("the witness checkpoint of size ", options_.witness->size,
+                      " is no longer in the log (its last checkpoint has size ",
+                      report_->last_checkpoint ? report_->last_checkpoint->size : 0,
+                      "): checkpoints deleted"),
          std::nullopt, false);
     return absl::OkStatus();
   }
@@ -502,30 +566,6 @@ std::string WithCommas(uint64_t n) {
     out.push_back(digits[i]);
   }
   return out;
-}
-
-std::string Summary(const VerifyReport& r) {
-  if (r.failure) return absl::StrCat("FAILED: ", r.failure->ToString());
-  std::string s = absl::StrCat(
-      WithCommas(static_cast<uint64_t>(r.files)), r.files == 1 ? " file, " : " files, ",
-      WithCommas(r.records), r.records == 1 ? " record, " : " records, ", WithCommas(r.checkpoints),
-      r.checkpoints == 1 ? " checkpoint" : " checkpoints", ": all valid");
-  if (r.uncovered > 0) {
-    absl::StrAppend(&s, "; ", WithCommas(r.uncovered), r.uncovered == 1 ? " record" : " records",
-                    " not yet covered by a checkpoint");
-  }
-  if (r.witness_checked) absl::StrAppend(&s, "; extends the witness checkpoint");
-  if (!r.recoveries.empty()) {
-    absl::StrAppend(&s, "; ", r.recoveries.size(),
-                    r.recoveries.size() == 1 ? " recovery" : " recoveries", " after a crash (seq");
-    for (const RecoveryNote& n : r.recoveries) absl::StrAppend(&s, " ", n.seq);
-    absl::StrAppend(&s, ")");
-  }
-  if (!r.torn_files.empty()) {
-    absl::StrAppend(&s, "; torn bytes kept in");
-    for (const std::string& t : r.torn_files) absl::StrAppend(&s, " ", t);
-  }
-  return s;
 }
 
 }  // namespace kvguard::audit

@@ -11,9 +11,10 @@
 // a file removed or swapped - fails, unless whoever made it also holds the signing key.
 //
 // What a pass does not prove.
-//  * The tail. Records after the last checkpoint ("N records not yet covered by a checkpoint")
-//    are chained but signed by nobody: whoever can write the directory can rewrite them. They
-//    are reported, not failed, because a log that is being written always has such a tail.
+//  * The tail. Records after the last checkpoint (VerifyReport::uncovered) are chained but
+//    signed by nobody: whoever can write the directory can rewrite them. They are not a
+//    failure here (a log being written always has such a tail), but audit/verdict.h never calls
+//    such a log valid: its verdict is "unsigned tail" unless the auditor allows one.
 //  * Truncation. A log cut back at a record boundary, together with its newest checkpoints,
 //    is indistinguishable from a log that simply stopped there: it still passes, with fewer
 //    records. Only something kept outside the log catches this: pass the newest checkpoint
@@ -25,8 +26,11 @@
 //  * Freshness and completeness of the events: a service that never wrote a record leaves
 //    no trace here. Timestamps are the writer's clock and are not checked for plausibility
 //    (they are covered: record times by the chain, checkpoint times by the signature).
-//  * torn-*.bin files (bytes the writer set aside after a crash) and `recovery` records are
-//    reported, not judged: the chain runs on past them.
+//  * torn-*.bin files are only checked against the `recovery` records that name them (each must
+//    still be there with the digest its record gives, so deleting or editing one fails); the
+//    torn bytes themselves are not judged.
+//
+// A pass is not yet a verdict: audit/verdict.h judges the report (unsigned tail, staleness).
 #ifndef KVGUARD_AUDIT_VERIFIER_H_
 #define KVGUARD_AUDIT_VERIFIER_H_
 
@@ -94,6 +98,16 @@ struct RecoveryNote {
   std::string file;
   uint64_t line = 0;
   std::string detail;
+  std::string torn_file;  // the torn-*.bin it names (checked: present, with its digest)
+};
+
+// CheckpointGap is the longest time between two consecutive checkpoints of one run of the
+// writer (no service_start record between them), by their signed times.
+struct CheckpointGap {
+  int64_t ns = 0;
+  int64_t from_ns = 0, to_ns = 0;  // the two checkpoints' times
+  std::string file;                // where the later one is
+  uint64_t line = 0;
 };
 
 // VerifyReport is what VerifyLog found. On a failure the counts say how far it got.
@@ -106,7 +120,11 @@ struct VerifyReport {
   uint64_t uncovered = 0;
   std::optional<Checkpoint> last_checkpoint;
   std::string last_checkpoint_line;  // its line, what an auditor keeps as a witness
-  bool witness_checked = false;      // the log extends VerifyOptions::witness
+  // Times (the writer's clock, ns since the epoch): of the first and last record, and of the
+  // last record the last checkpoint covers; 0 when there is none.
+  int64_t first_record_ns = 0, last_record_ns = 0, covered_through_ns = 0;
+  std::optional<CheckpointGap> longest_gap;  // nullopt with fewer than two checkpoints in a run
+  bool witness_checked = false;              // the log extends VerifyOptions::witness
   std::vector<RecoveryNote> recoveries;
   std::vector<std::string> torn_files;  // torn-*.bin in the directory: reported, not errors
   std::optional<VerifyFailure> failure;
@@ -126,11 +144,6 @@ absl::StatusOr<VerifyReport> VerifyLog(const std::string& dir, const VerifyingKe
 // checkpoint line as the log has it (surrounding whitespace allowed), or InvalidArgument
 // saying why it is not one.
 absl::StatusOr<Checkpoint> ParseWitness(std::string_view text);
-
-// Summary returns the one-line verdict: "12 files, 1,204,331 records, 2,409 checkpoints: all
-// valid" (plus "; N records not yet covered by a checkpoint" and notes on the witness and on
-// recoveries when there are any), or "FAILED: " and the failure.
-std::string Summary(const VerifyReport& report);
 
 // WithCommas returns `n` in decimal with thousands separators: 1204331 -> "1,204,331".
 std::string WithCommas(uint64_t n);

@@ -195,6 +195,8 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const Loaded& loaded,
     lo.witness_file = options.audit_log_dir + ".witness";  // beside the key, outside the log
     lo.batch_records = static_cast<uint64_t>(options.audit_batch_records);
     lo.checkpoint_every = static_cast<uint64_t>(options.audit_checkpoint_every);
+    lo.checkpoint_interval_ms = static_cast<int64_t>(options.audit_checkpoint_seconds * 1000);
+    lo.heartbeat_interval_ms = static_cast<int64_t>(options.audit_heartbeat_seconds * 1000);
     absl::StatusOr<std::unique_ptr<audit::AuditLog>> log = audit::AuditLog::Open(std::move(lo));
     if (!log.ok()) return log.status();
     eo.isolation.sink = std::make_shared<AuditLogSink>(std::move(*log));

@@ -42,6 +42,9 @@ struct RuntimeOptions {
   std::string audit_signing_key;
   int audit_batch_records = 512;      // non-durable records per write + fsync
   int audit_checkpoint_every = 1000;  // records per signed checkpoint
+  // A checkpoint at least this often while records wait for one, and this often while none do.
+  double audit_checkpoint_seconds = 10;
+  double audit_heartbeat_seconds = 60;
 };
 
 // Loaded is a model with its tokenizer and FP8 KV scales, ready for any number of engines.

@@ -26,6 +26,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "audit/hex.h"
 #include "audit/private_file.h"
 
 namespace kvguard::isolation {
@@ -100,31 +101,16 @@ void EncodeMessage(KeyId id, const TagInput& in, uint8_t out[kMessageLen]) {
   StoreBe(in.session, 8, p + 28);
 }
 
-constexpr char kHexDigits[] = "0123456789abcdef";
-
+// AppendHex appends `bytes` as lowercase hex (audit/hex.h: in place, no temporary copy of a
+// key).
 void AppendHex(const uint8_t* bytes, size_t n, std::string& out) {
-  for (size_t i = 0; i < n; ++i) {
-    out.push_back(kHexDigits[bytes[i] >> 4]);
-    out.push_back(kHexDigits[bytes[i] & 15]);
-  }
+  audit::AppendLowerHex(std::span(bytes, n), out);
 }
 
-int HexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  return -1;  // uppercase is refused too: the file has one spelling of each key
-}
-
-// ParseHexKey returns whether `hex` is exactly 64 lowercase hex digits, decoding them to `out`.
+// ParseHexKey returns whether `hex` is exactly 64 lowercase hex digits, decoding them to `out`
+// (uppercase is refused too: the file has one spelling of each key).
 bool ParseHexKey(absl::string_view hex, uint8_t out[kKeyBytes]) {
-  if (hex.size() != 2 * kKeyBytes) return false;
-  for (size_t i = 0; i < kKeyBytes; ++i) {
-    const int hi = HexValue(hex[2 * i]);
-    const int lo = HexValue(hex[2 * i + 1]);
-    if (hi < 0 || lo < 0) return false;
-    out[i] = static_cast<uint8_t>(hi << 4 | lo);
-  }
-  return true;
+  return audit::ParseLowerHex(std::string_view(hex.data(), hex.size()), std::span(out, kKeyBytes));
 }
 
 // ParseKeyId returns whether `s` is a decimal id in [1, 2^32 - 1] without leading zeros.

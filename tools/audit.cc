@@ -16,8 +16,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "absl/time/time.h"
+#include "audit/checkpoint_note.h"
 #include "audit/query.h"
 #include "audit/signing_key.h"
+#include "audit/verdict.h"
 #include "audit/verifier.h"
 #include "tools/commands.h"
 #include "tools/flags.h"
@@ -27,11 +30,20 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: kvguard audit <command> ...\n"
-    "  verify DIR --pubkey FILE [--witness FILE] [--save-witness FILE]\n"
-    "      check the whole log: chain, signatures, sequence, order, rotation set; prints one\n"
-    "      summary line; exit 1 naming the first bad record. --witness: a checkpoint line\n"
-    "      kept from an earlier look, which the log must extend; --save-witness: keep this\n"
-    "      log's last checkpoint line for next time\n"
+    "  verify DIR --pubkey FILE [--witness FILE] [--save-witness FILE] [--allow-unsigned-tail]\n"
+    "         [--max-age DURATION [--now TIME]] [--json]\n"
+    "      check the whole log: chain, signatures, sequence, order, rotation set, torn files;\n"
+    "      prints one summary line (--json: one JSON object) with its verdict. Exit codes:\n"
+    "      0 valid (every record covered by a signed checkpoint), 1 invalid (names the first\n"
+    "      bad record), 3 unsigned tail (records after the last checkpoint, or none signed),\n"
+    "      4 stale (--max-age), 5 unreadable (log, key or witness cannot be read).\n"
+    "      --witness: a checkpoint line kept from an earlier look, which the log must extend;\n"
+    "      --save-witness: keep this log's last checkpoint line there when the verdict is\n"
+    "      valid (an existing file is read as the witness: it never moves backwards);\n"
+    "      --allow-unsigned-tail: records after the last checkpoint do not fail the verdict;\n"
+    "      --max-age: fail (stale) when the last checkpoint is older than DURATION (e.g. 90s,\n"
+    "      5m) at --now (ns since the epoch or RFC 3339; default: the clock), or two\n"
+    "      checkpoints of one run of the writer are further apart\n"
     "  query DIR [FILTERS] [--json]    matching records as a table (--json: their lines)\n"
     "  stats DIR [FILTERS]             violations and refused releases per hour (UTC),\n"
     "                                  tenant, type and reason\n"
@@ -43,9 +55,19 @@ constexpr char kUsage[] =
     "  check-proof --pubkey FILE --proof FILE [--record FILE]\n"
     "                                  verify a proof with only the public key (--record:\n"
     "                                  and that it proves exactly this record line)\n"
+    "  prove-consistency DIR --from FILE [--out FILE]\n"
+    "                                  RFC 9162 consistency proof that the log's latest\n"
+    "                                  checkpoint extends the checkpoint line in FILE (e.g. a\n"
+    "                                  witness) (JSON)\n"
+    "  check-consistency --pubkey FILE --proof FILE [--witness FILE]\n"
+    "                                  verify it with only the public key (--witness: and that\n"
+    "                                  it starts from that checkpoint); exit 1 if it fails\n"
+    "  check-note --pubkey FILE --note FILE\n"
+    "                                  check a C2SP signed-note checkpoint (the log keeps its\n"
+    "                                  latest in DIR/checkpoint.note) with only the public key\n"
     "  pubkey --signing-key FILE [--out FILE]\n"
-    "                                  print (or write) the public key PEM, creating the\n"
-    "                                  signing key (mode 0600) if absent\n"
+    "                                  print (or write) the public key PEM of an existing\n"
+    "                                  signing key (never creates one: the service does)\n"
     "FILTERS: --tenant T --session N --request N --type TYPE --reason R\n"
     "         --since NS --until NS (UTC ns since the epoch; since <= time < until)\n"
     "query, stats, tail, export and prove trust the files: run verify first.\n";
@@ -82,10 +104,12 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, const std::string&
 // Flags is every flag any audit command takes; each command refuses those it does not use.
 struct Flags {
   std::string dir;
-  std::string pubkey, witness, save_witness, proof, signing_key, out, format, record;
+  std::string pubkey, witness, save_witness, proof, signing_key, out, format, record, from, note;
   std::optional<uint64_t> seq;
   audit::RecordFilter filter;
-  bool json = false, follow = false;
+  std::optional<absl::Duration> max_age;
+  std::optional<absl::Time> now;
+  bool json = false, follow = false, allow_unsigned_tail = false;
   int lines = 10;
   std::vector<std::string> given;  // the flags given, for "does not take" errors
 };
@@ -139,6 +163,10 @@ std::string ParseFlags(const std::vector<std::string>& argv, Flags* f) {
       error = str(&f->witness);
     } else if (a.Flag("--save-witness")) {
       error = str(&f->save_witness);
+    } else if (a.Flag("--note")) {
+      error = str(&f->note);
+    } else if (a.Flag("--from")) {
+      error = str(&f->from);
     } else if (a.Flag("--proof")) {
       error = str(&f->proof);
     } else if (a.Flag("--record")) {
@@ -170,6 +198,29 @@ std::string ParseFlags(const std::vector<std::string>& argv, Flags* f) {
       error = i64("--until", &f->filter.until_ns);
     } else if (a.Flag("--json")) {
       f->json = true;
+    } else if (a.Flag("--allow-unsigned-tail")) {
+      f->allow_unsigned_tail = true;
+    } else if (a.Flag("--max-age")) {
+      std::string v;
+      absl::Duration d;
+      error = str(&v);
+      if (error.empty() && (!absl::ParseDuration(v, &d) || d <= absl::ZeroDuration())) {
+        error = absl::StrCat("--max-age '", v, "' is not a positive duration (e.g. 90s, 5m, 1h)");
+      }
+      if (error.empty()) f->max_age = d;
+    } else if (a.Flag("--now")) {
+      std::string v, parse_error;
+      int64_t ns = 0;
+      absl::Time t;
+      error = str(&v);
+      if (error.empty() && absl::SimpleAtoi(v, &ns)) {
+        f->now = absl::FromUnixNanos(ns);
+      } else if (error.empty() && absl::ParseTime(absl::RFC3339_full, v, &t, &parse_error)) {
+        f->now = t;
+      } else if (error.empty()) {
+        error = absl::StrCat("--now '", v, "' is neither ns since the epoch nor RFC 3339 (",
+                             parse_error, ")");
+      }
     } else if (a.Flag("-f") || a.Flag("--follow")) {
       f->follow = true;
     } else if (a.Flag("-n")) {
@@ -249,38 +300,92 @@ void PrintTable(const std::vector<std::string>& header,
 const std::vector<std::string> kRecordHeader = {"time",    "seq",    "type",  "tenant",
                                                 "request", "reason", "detail"};
 
+// PrintVerdict prints `judgement` on `report` (null: unreadable) as a line or JSON; returns the
+// exit code.
+int PrintVerdict(const Flags& f, const audit::VerifyReport* report,
+                 const audit::Judgement& judgement) {
+  if (f.json) {
+    std::fputs(audit::ReportJson(report, judgement).c_str(), stdout);
+  } else if (report == nullptr) {
+    std::fprintf(stderr, "kvguard audit verify: unreadable: %s\n", judgement.why.c_str());
+  } else {
+    std::printf("%s\n", audit::Summary(*report, judgement).c_str());
+  }
+  return audit::ExitCode(judgement.verdict);
+}
+
+int Unreadable(const Flags& f, const absl::Status& why) {
+  return PrintVerdict(f, nullptr, {audit::Verdict::kUnreadable, std::string(why.message())});
+}
+
+// ReadWitness returns the checkpoint in the witness file `path`, or an error naming it.
+absl::StatusOr<audit::Checkpoint> ReadWitness(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFile(path, "witness");
+  if (!text.ok()) return text.status();
+  absl::StatusOr<audit::Checkpoint> w = audit::ParseWitness(*text);
+  if (!w.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("witness ", path, ": ", w.status().message()));
+  }
+  return w;
+}
+
+// SaveWitness replaces `path` with `line` (through a temporary file and a rename, so a reader
+// never sees half a witness).
+absl::Status SaveWitness(const std::string& path, const std::string& line) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << line << "\n";
+    if (!out.flush()) return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
+}
+
 int Verify(const Flags& f) {
   if (f.pubkey.empty()) return Usage("verify needs --pubkey FILE (the log's public key)");
+  if (f.now && !f.max_age) return Usage("verify: --now is only read with --max-age");
+  // An existing --save-witness file is the witness: what was saved there is never replaced by
+  // an older checkpoint, nor by one of another history.
+  std::string witness_path = f.witness;
+  if (!f.save_witness.empty() && access(f.save_witness.c_str(), F_OK) == 0) {
+    if (!f.witness.empty() && f.witness != f.save_witness) {
+      return Usage(absl::StrCat("verify: --save-witness ", f.save_witness,
+                                " exists and is not the --witness; give it as --witness (or "
+                                "alone: it is then read as the witness)"));
+    }
+    witness_path = f.save_witness;
+  }
   absl::StatusOr<audit::VerifyingKey> key = audit::VerifyingKey::LoadFile(f.pubkey);
-  if (!key.ok()) return Fail("verify", key.status());
+  if (!key.ok()) return Unreadable(f, key.status());
   audit::VerifyOptions options;
-  if (!f.witness.empty()) {
-    absl::StatusOr<std::string> text = ReadFile(f.witness, "witness");
-    if (!text.ok()) return Fail("verify", text.status());
-    absl::StatusOr<audit::Checkpoint> w = audit::ParseWitness(*text);
-    if (!w.ok())
-      return Fail("verify", absl::StrCat("witness ", f.witness, ": ", w.status().message()));
+  if (!witness_path.empty()) {
+    absl::StatusOr<audit::Checkpoint> w = ReadWitness(witness_path);
+    if (!w.ok()) return Unreadable(f, w.status());
     options.witness = *w;
   }
   absl::StatusOr<audit::VerifyReport> report = audit::VerifyLog(f.dir, *key, options);
-  if (!report.ok()) return Fail("verify", report.status());
-  std::printf("%s\n", audit::Summary(*report).c_str());
-  if (!report->ok()) return 1;
-  if (report->checkpoints == 0) {
-    // Nothing is signed: the chain alone proves nothing to someone without the key.
-    std::fprintf(stderr,
-                 "kvguard audit verify: no checkpoint: nothing in this log is signed yet\n");
-    return 1;
+  if (!report.ok()) return Unreadable(f, report.status());
+  audit::JudgeOptions judge;
+  judge.allow_unsigned_tail = f.allow_unsigned_tail;
+  if (f.max_age) {
+    judge.max_age_ns = absl::ToInt64Nanoseconds(*f.max_age);
+    judge.now_ns = absl::ToUnixNanos(f.now.value_or(absl::Now()));
   }
-  if (!f.save_witness.empty()) {
-    if (report->last_checkpoint_line.empty()) {
-      return Fail("verify", "--save-witness: the log has no checkpoint yet");
+  const audit::Judgement judgement = audit::Judge(*report, judge);
+  if (judgement.verdict == audit::Verdict::kValid && !f.save_witness.empty()) {
+    // VerifyLog failed a log whose checkpoints stop below the witness, so this cannot move
+    // the witness backwards; the check stays here too, where the file is written.
+    if (options.witness && report->last_checkpoint->size < options.witness->size) {
+      return Fail("verify", "--save-witness: refusing to move the witness backwards");
     }
-    std::ofstream out(f.save_witness, std::ios::binary | std::ios::trunc);
-    out << report->last_checkpoint_line << "\n";
-    if (!out.flush()) return Fail("verify", absl::StrCat("cannot write ", f.save_witness));
+    if (absl::Status s = SaveWitness(f.save_witness, report->last_checkpoint_line); !s.ok()) {
+      return Fail("verify", s);
+    }
   }
-  return 0;
+  return PrintVerdict(f, &*report, judgement);
 }
 
 int QueryCommand(const Flags& f) {
@@ -357,18 +462,23 @@ int Export(const Flags& f) {
   return 0;
 }
 
+// WriteOut writes `text` to f.out, or to stdout without --out; returns the exit code.
+int WriteOut(const Flags& f, const std::string& command, const std::string& text) {
+  if (f.out.empty()) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    return 0;
+  }
+  std::ofstream out(f.out, std::ios::binary | std::ios::trunc);
+  out << text;
+  if (!out.flush()) return Fail(command, absl::StrCat("cannot write ", f.out));
+  return 0;
+}
+
 int Prove(const Flags& f) {
   if (!f.seq) return Usage("prove needs --seq N");
   absl::StatusOr<std::string> proof = audit::ProveRecord(f.dir, *f.seq);
   if (!proof.ok()) return Fail("prove", proof.status());
-  if (f.out.empty()) {
-    std::fwrite(proof->data(), 1, proof->size(), stdout);
-    return 0;
-  }
-  std::ofstream out(f.out, std::ios::binary | std::ios::trunc);
-  out << *proof;
-  if (!out.flush()) return Fail("prove", absl::StrCat("cannot write ", f.out));
-  return 0;
+  return WriteOut(f, "prove", *proof);
 }
 
 int CheckProofCommand(const Flags& f) {
@@ -398,6 +508,61 @@ int CheckProofCommand(const Flags& f) {
       r.event.tenant ? (", tenant " + Printable(*r.event.tenant)).c_str() : "",
       static_cast<unsigned long long>(proven->checkpoint.size), proven->checkpoint.log_id.c_str(),
       proven->checkpoint.key_fp.c_str());
+  return 0;
+}
+
+int ProveConsistencyCommand(const Flags& f) {
+  if (f.from.empty()) return Usage("prove-consistency needs --from FILE (a checkpoint line)");
+  absl::StatusOr<audit::Checkpoint> first = ReadWitness(f.from);
+  if (!first.ok()) return Fail("prove-consistency", first.status());
+  absl::StatusOr<std::string> proof = audit::ProveConsistency(f.dir, *first);
+  if (!proof.ok()) return Fail("prove-consistency", proof.status());
+  return WriteOut(f, "prove-consistency", *proof);
+}
+
+int CheckConsistencyCommand(const Flags& f) {
+  if (f.pubkey.empty()) return Usage("check-consistency needs --pubkey FILE");
+  if (f.proof.empty()) return Usage("check-consistency needs --proof FILE");
+  absl::StatusOr<audit::VerifyingKey> key = audit::VerifyingKey::LoadFile(f.pubkey);
+  if (!key.ok()) return Fail("check-consistency", key.status());
+  absl::StatusOr<std::string> proof = ReadFile(f.proof, "proof");
+  if (!proof.ok()) return Fail("check-consistency", proof.status());
+  std::optional<audit::Checkpoint> witness;
+  if (!f.witness.empty()) {
+    absl::StatusOr<audit::Checkpoint> w = ReadWitness(f.witness);
+    if (!w.ok()) return Fail("check-consistency", w.status());
+    witness = *w;
+  }
+  absl::StatusOr<audit::ProvenConsistency> proven = audit::CheckConsistency(*proof, *key, witness);
+  if (!proven.ok()) {
+    std::printf("inconsistent: %s\n", std::string(proven.status().message()).c_str());
+    return 1;
+  }
+  std::printf(
+      "consistent: the first %llu records of log %s (checkpoint of %s) are the first of its %llu "
+      "(checkpoint of %s), as signed by key %s\n",
+      static_cast<unsigned long long>(proven->first.size), proven->first.log_id.c_str(),
+      audit::FormatTime(proven->first.time_ns).c_str(),
+      static_cast<unsigned long long>(proven->second.size),
+      audit::FormatTime(proven->second.time_ns).c_str(), proven->second.key_fp.c_str());
+  return 0;
+}
+
+int CheckNoteCommand(const Flags& f) {
+  if (f.pubkey.empty()) return Usage("check-note needs --pubkey FILE");
+  if (f.note.empty()) return Usage("check-note needs --note FILE");
+  absl::StatusOr<audit::VerifyingKey> key = audit::VerifyingKey::LoadFile(f.pubkey);
+  if (!key.ok()) return Fail("check-note", key.status());
+  absl::StatusOr<std::string> note = ReadFile(f.note, "note");
+  if (!note.ok()) return Fail("check-note", note.status());
+  absl::StatusOr<audit::NoteCheckpoint> c = audit::CheckCheckpointNote(*note, "", *key);
+  if (!c.ok()) {
+    std::printf("invalid: %s\n", std::string(c.status().message()).c_str());
+    return 1;
+  }
+  std::printf("valid: %s, %llu records, root %s; verifier key %s\n", c->origin.c_str(),
+              static_cast<unsigned long long>(c->size), audit::ToHex(c->root).c_str(),
+              audit::NoteVerifierKey(c->origin, key->PublicKeyRaw()).c_str());
   return 0;
 }
 
@@ -451,7 +616,11 @@ int RunAudit(const std::vector<std::string>& argv) {
   };
   int (*run)(const Flags&) = nullptr;
   if (command == "verify") {
-    if (check({"--pubkey", "--witness", "--save-witness"}, true)) run = Verify;
+    if (check({"--pubkey", "--witness", "--save-witness", "--allow-unsigned-tail", "--max-age",
+               "--now", "--json"},
+              true)) {
+      run = Verify;
+    }
   } else if (command == "query") {
     if (check(WithFilters({"--json"}), true)) run = QueryCommand;
   } else if (command == "stats") {
@@ -464,6 +633,12 @@ int RunAudit(const std::vector<std::string>& argv) {
     if (check({"--seq", "--out"}, true)) run = Prove;
   } else if (command == "check-proof") {
     if (check({"--pubkey", "--proof", "--record"}, false)) run = CheckProofCommand;
+  } else if (command == "prove-consistency") {
+    if (check({"--from", "--out"}, true)) run = ProveConsistencyCommand;
+  } else if (command == "check-consistency") {
+    if (check({"--pubkey", "--proof", "--witness"}, false)) run = CheckConsistencyCommand;
+  } else if (command == "check-note") {
+    if (check({"--pubkey", "--note"}, false)) run = CheckNoteCommand;
   } else if (command == "pubkey") {
     if (check({"--signing-key", "--out"}, false)) run = Pubkey;
   } else {

@@ -46,7 +46,11 @@ const char kEngineFlagsHelp[] =
     "                               with mode 0600 if absent)\n"
     "  --audit-batch-records N      records per batched write + fsync (default 512;\n"
     "                               strict tenants' records are always fsync'd at once)\n"
-    "  --audit-checkpoint-every N   records per signed checkpoint (default 1000)\n";
+    "  --audit-checkpoint-every N   records per signed checkpoint (default 1000)\n"
+    "  --audit-checkpoint-seconds T a signed checkpoint at least every T s while records\n"
+    "                               wait for one (default 10)\n"
+    "  --audit-heartbeat-seconds T  and every T s while none do (default 60): an auditor's\n"
+    "                               `audit verify --max-age` tells a log no longer signed\n";
 
 bool Args::Flag(const std::string& name) {
   if (done()) return false;
@@ -183,6 +187,14 @@ bool ParseEngineFlag(Args& a, core::RuntimeOptions* o, absl::Status* status) {
   }
   if (a.Flag("--audit-checkpoint-every")) {
     *status = a.Int(&o->audit_checkpoint_every, 1, 1 << 24);
+    return true;
+  }
+  if (a.Flag("--audit-checkpoint-seconds")) {
+    *status = a.Double(&o->audit_checkpoint_seconds, 0.001, 86400);
+    return true;
+  }
+  if (a.Flag("--audit-heartbeat-seconds")) {
+    *status = a.Double(&o->audit_heartbeat_seconds, 0.001, 86400);
     return true;
   }
   if (a.Flag("--audit-signing-key")) {

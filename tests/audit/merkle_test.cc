@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cctype>
 #include <cstdint>
 #include <limits>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 
 namespace kvguard::audit {
 namespace {
@@ -467,5 +469,81 @@ TEST(ThreadTest, ConcurrentHashingAgrees) {
   EXPECT_NE(expected, RootOf(std::span(leaves).first(999)));
 }
 
+// ---- Consistency proofs (RFC 9162 2.1.4) ------------------------------------------------------
+
+// The example of RFC 9162 2.1.5, the tree of 7 leaves d0..d6 ("leaf-0".."leaf-6" here):
+// PROOF(3, D[7]) = [c, d, g, l], PROOF(4, D[7]) = [l], PROOF(6, D[7]) = [i, j, k], where c, d, j
+// are the leaf hashes of d2, d3, d6, g = MTH(D[0:2]), k = MTH(D[0:4]), i = MTH(D[4:6]) and
+// l = MTH(D[4:7]).
+TEST(ConsistencyProofTest, Rfc9162Example) {
+  const std::vector<Hash> d = Leaves(7);
+  const std::span<const Hash> all(d);
+  const Hash c = d[2], dd = d[3], j = d[6];
+  const Hash g = RootOf(all.subspan(0, 2)), k = RootOf(all.subspan(0, 4));
+  const Hash i = RootOf(all.subspan(4, 2)), l = RootOf(all.subspan(4, 3));
+  EXPECT_EQ(*ConsistencyProof(d, 3, 7), (std::vector<Hash>{c, dd, g, l}));
+  EXPECT_EQ(*ConsistencyProof(d, 4, 7), (std::vector<Hash>{l}));
+  EXPECT_EQ(*ConsistencyProof(d, 6, 7), (std::vector<Hash>{i, j, k}));
+  EXPECT_TRUE(ConsistencyProof(d, 7, 7)->empty());
+  const Hash root7 = RootOf(all);
+  for (uint64_t m : {3, 4, 6}) {
+    EXPECT_TRUE(VerifyConsistency(m, 7, RootOf(all.first(m)), root7, *ConsistencyProof(d, m, 7)));
+  }
+}
+
+// Every pair of sizes 1 <= m <= n <= 33: the proof verifies (the twin of what follows), and
+// fails with either head changed, any bit of any element flipped, an element dropped or added,
+// or the old size off by one.
+TEST(ConsistencyProofTest, EveryPairOfSizesVerifiesAndEveryCorruptionFails) {
+  const std::vector<Hash> leaves = Leaves(kFullFlipTree + 1);
+  const std::span<const Hash> all(leaves);
+  for (uint64_t n = 1; n <= kFullFlipTree; ++n) {
+    const Hash root_n = RootOf(all.first(n));
+    for (uint64_t m = 1; m <= n; ++m) {
+      SCOPED_TRACE(absl::StrCat("m=", m, " n=", n));
+      const Hash root_m = RootOf(all.first(m));
+      const std::vector<Hash> proof = *ConsistencyProof(leaves, m, n);
+      ASSERT_TRUE(VerifyConsistency(m, n, root_m, root_n, proof));
+      EXPECT_LE(proof.size(), 2 * static_cast<size_t>(std::bit_width(n)));
+      EXPECT_FALSE(VerifyConsistency(m, n, Flip(root_m, 0, 0), root_n, proof));
+      EXPECT_FALSE(VerifyConsistency(m, n, root_m, Flip(root_n, 31, 7), proof));
+      for (size_t e = 0; e < proof.size(); ++e) {
+        for (size_t byte = 0; byte < 32; byte += 7) {
+          std::vector<Hash> bad = proof;
+          bad[e] = Flip(bad[e], byte, static_cast<int>(byte % 8));
+          EXPECT_FALSE(VerifyConsistency(m, n, root_m, root_n, bad)) << "element " << e;
+        }
+        std::vector<Hash> dropped = proof;
+        dropped.erase(dropped.begin() + static_cast<long>(e));
+        EXPECT_FALSE(VerifyConsistency(m, n, root_m, root_n, dropped)) << "dropped " << e;
+      }
+      std::vector<Hash> added = proof;
+      added.push_back(leaves[0]);
+      EXPECT_FALSE(VerifyConsistency(m, n, root_m, root_n, added));
+      if (m > 1) {
+        EXPECT_FALSE(VerifyConsistency(m - 1, n, root_m, root_n, proof));
+      }
+      // A tree that is not a prefix: the last leaf of the old tree replaced.
+      std::vector<Hash> other(leaves.begin(), leaves.begin() + static_cast<long>(n));
+      other[m - 1] = Flip(other[m - 1], 3, 3);
+      const std::vector<Hash> forked = *ConsistencyProof(other, m, n);
+      EXPECT_FALSE(VerifyConsistency(m, n, root_m, RootOf(other), forked));
+    }
+  }
+}
+
+TEST(ConsistencyProofTest, RefusesBadSizes) {
+  const std::vector<Hash> leaves = Leaves(5);
+  EXPECT_FALSE(ConsistencyProof(leaves, 0, 3).ok());
+  EXPECT_FALSE(ConsistencyProof(leaves, 4, 3).ok());
+  EXPECT_FALSE(ConsistencyProof(leaves, 3, 6).ok());
+  EXPECT_TRUE(ConsistencyProof(leaves, 3, 5).ok());  // the twin
+  const Hash r = RootOf(leaves);
+  EXPECT_FALSE(VerifyConsistency(0, 5, EmptyRoot(), r, {}));
+  EXPECT_FALSE(VerifyConsistency(6, 5, r, r, {}));
+  EXPECT_TRUE(VerifyConsistency(5, 5, r, r, {}));
+  EXPECT_FALSE(VerifyConsistency(5, 5, r, Flip(r, 0, 0), {}));
+  EXPECT_FALSE(VerifyConsistency(5, 5, r, r, std::vector<Hash>{r}));
+}
 }  // namespace
 }  // namespace kvguard::audit

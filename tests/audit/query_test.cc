@@ -22,6 +22,7 @@
 #include "audit/merkle.h"
 #include "audit/record.h"
 #include "audit/signing_key.h"
+#include "audit/verifier.h"
 #include "nlohmann/json.hpp"
 #include "tests/audit/test_files.h"
 
@@ -620,5 +621,99 @@ TEST(ProveRecordTest, RecordsNoCheckpointCoversYetArePreconditionFailures) {
   fs::remove_all(fs::path(dir).parent_path());
 }
 
+// Consistency proofs between two checkpoints of the log above (checkpoints every 10 records).
+class ConsistencyTest : public ProofTest {
+ protected:
+  // CheckpointLines returns the log's checkpoint lines, in order.
+  static std::vector<std::string> CheckpointLines() {
+    std::vector<std::string> out;
+    for (int i = 1; fs::exists(*dir_ + "/" + FileName(i)); ++i) {
+      std::stringstream in(ReadFile(*dir_ + "/" + FileName(i)));
+      for (std::string line; std::getline(in, line);) {
+        if (line.find("\"type\":\"checkpoint\"") != std::string::npos) out.push_back(line);
+      }
+    }
+    return out;
+  }
+  static Checkpoint Parsed(const std::string& line) { return *ParseWitness(line); }
+  static std::string Signed(Checkpoint c, const SigningKey& key) {
+    c.key_fp = key.Fingerprint();
+    c.sig = *key.Sign(CheckpointMessage(c.log_id, c.size, c.head, c.root, c.time_ns));
+    return FormatCheckpoint(c);
+  }
+  // Has returns whether `s` failed with `text` in its message.
+  static bool Has(const absl::Status& s, std::string_view text) {
+    return !s.ok() && std::string(s.message()).find(text) != std::string::npos;
+  }
+  static absl::Status Check(const Json& proof, std::optional<Checkpoint> witness = std::nullopt,
+                            const SigningKey& key = *key_) {
+    return CheckConsistency(proof.dump(), Pub(key), witness).status();
+  }
+};
+
+// From every checkpoint to the latest: a valid proof, which names both checkpoints.
+TEST_F(ConsistencyTest, FromEveryCheckpointToTheLatestVerifies) {
+  const std::vector<std::string> lines = CheckpointLines();
+  ASSERT_GE(lines.size(), 10u);
+  for (const std::string& line : lines) {
+    const Checkpoint first = Parsed(line);
+    absl::StatusOr<std::string> text = ProveConsistency(*dir_, first);
+    ASSERT_TRUE(text.ok()) << text.status();
+    absl::StatusOr<ProvenConsistency> proven = CheckConsistency(*text, Pub(*key_), first);
+    ASSERT_TRUE(proven.ok()) << proven.status();
+    EXPECT_EQ(proven->first.size, first.size);
+    EXPECT_EQ(FormatCheckpoint(proven->second), lines.back());
+  }
+}
+
+TEST_F(ConsistencyTest, CorruptedProofsFail) {
+  const std::vector<std::string> lines = CheckpointLines();
+  const Checkpoint first = Parsed(lines[3]);
+  const Json good = Json::parse(*ProveConsistency(*dir_, first));
+  ASSERT_TRUE(Check(good, first).ok());  // the twin of each below
+  ASSERT_FALSE(good["path"].empty());
+  for (size_t e = 0; e < good["path"].size(); ++e) {
+    Json bad = good;
+    std::string h = bad["path"][e];
+    h[10] = h[10] == '0' ? '1' : '0';
+    bad["path"][e] = h;
+    EXPECT_TRUE(Has(Check(bad), "does not prove")) << e;
+    Json dropped = good;
+    dropped["path"].erase(e);
+    EXPECT_FALSE(Check(dropped).ok()) << e;
+  }
+  // Another key; a witness other than the first checkpoint; checkpoints swapped.
+  EXPECT_TRUE(Has(Check(good, std::nullopt, *other_key_), "not by the public key given"));
+  EXPECT_TRUE(Has(Check(good, Parsed(lines[4])), "starts from another checkpoint"));
+  Json swapped = good;
+  std::swap(swapped["first"], swapped["second"]);
+  EXPECT_TRUE(Has(Check(swapped), "is larger than the second"));
+  // A first checkpoint re-signed (by the real key: a fork the key holder signed) for another root.
+  Checkpoint forked = first;
+  forked.root[0] ^= 1;
+  Json fork = good;
+  fork["first"] = Signed(forked, *key_);
+  EXPECT_TRUE(Has(Check(fork), "does not prove"));
+  EXPECT_EQ(ProveConsistency(*dir_, forked).status().code(), absl::StatusCode::kDataLoss);
+  // Malformed.
+  EXPECT_FALSE(CheckConsistency("[]", Pub(*key_), std::nullopt).ok());
+  Json extra = good;
+  extra["x"] = 1;
+  EXPECT_TRUE(Has(Check(extra), "unknown field 'x'"));
+  Json not_line = good;
+  not_line["first"] = "{}";
+  EXPECT_FALSE(Check(not_line).ok());
+}
+
+TEST_F(ConsistencyTest, ProveRefusesBadFirstCheckpoints) {
+  const std::vector<std::string> lines = CheckpointLines();
+  Checkpoint other_log = Parsed(lines[2]);
+  other_log.log_id[0] = other_log.log_id[0] == 'a' ? 'b' : 'a';
+  EXPECT_EQ(ProveConsistency(*dir_, other_log).status().code(), absl::StatusCode::kInvalidArgument);
+  Checkpoint larger = Parsed(lines.back());
+  larger.size += 1;
+  EXPECT_EQ(ProveConsistency(*dir_, larger).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(ProveConsistency(*dir_, Parsed(lines[2])).ok());  // the twin
+}
 }  // namespace
 }  // namespace kvguard::audit

@@ -12,9 +12,11 @@
 #include <stdlib.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -23,8 +25,10 @@
 #include "absl/strings/str_cat.h"
 #include "audit/log.h"
 #include "audit/merkle.h"
+#include "audit/query.h"
 #include "audit/record.h"
 #include "audit/signing_key.h"
+#include "audit/verdict.h"
 #include "tests/audit/test_files.h"
 
 namespace kvguard::audit {
@@ -271,8 +275,11 @@ TEST_F(VerifierTest, UntouchedLogVerifies) {
   EXPECT_TRUE(r.recoveries.empty());
   EXPECT_TRUE(r.torn_files.empty());
   EXPECT_EQ(r.last_checkpoint->size, r.records);
-  EXPECT_EQ(Summary(r), absl::StrCat(r.files, " files, ", r.records, " records, ", r.checkpoints,
-                                     " checkpoints: all valid"));
+  EXPECT_EQ(Judge(r, {}).verdict, Verdict::kValid);
+  EXPECT_EQ(Summary(r),
+            absl::StrCat(r.files, " files, ", r.records, " records, ", r.checkpoints,
+                         " checkpoints: all valid, every record signed; signed through ",
+                         FormatTime(r.last_checkpoint->time_ns)));
   // The target record is a full violation, in neither the first nor the last file.
   const Where w = FindSeq(files_, target_);
   EXPECT_GT(w.file, 0u);
@@ -525,9 +532,14 @@ TEST_F(VerifierTest, RecordsAfterLastCheckpointAreReportedNotFailed) {
   EXPECT_EQ(r.records, 26u);
   EXPECT_EQ(r.checkpoints, 2u);
   EXPECT_EQ(r.uncovered, 6u);
-  EXPECT_EQ(Summary(r),
-            "1 file, 26 records, 2 checkpoints: all valid; 6 records not yet covered by a "
-            "checkpoint");
+  // Not a valid verdict: the tail is signed by nobody (issue 27), unless the auditor allows it.
+  EXPECT_EQ(Judge(r, {}).verdict, Verdict::kUnsignedTail);
+  EXPECT_EQ(Summary(r).substr(0, 107),
+            "1 file, 26 records, 2 checkpoints: UNSIGNED TAIL: the last 6 records (seq 20..25) no "
+            "checkpoint covers: who");
+  JudgeOptions allow;
+  allow.allow_unsigned_tail = true;
+  EXPECT_EQ(Judge(r, allow).verdict, Verdict::kValid);
 
   // Cut two uncovered records off.
   std::vector<LogFile> files = ReadLog(copy);
@@ -842,6 +854,295 @@ TEST_F(VerifierTest, RotationWhileDiskFailsVerifiesLater) {
   VerifyReport r = Verify(dir);
   EXPECT_TRUE(r.ok()) << Summary(r);
   fs::remove_all(fs::path(dir).parent_path());
+}
+
+// ---- Issue 27: forged records whose own hash is recomputed, every position, every truncation
+// point, appends, checkpoint swaps, witness rollback, torn-tail deletion. ----
+
+namespace forged {
+
+// Rehashed returns `line` with its event changed by `edit` and its hash recomputed (its seq and
+// prev kept unless `edit_chain` changes them), as a forger without the signing key can.
+std::string Rehashed(const std::string& line, const std::function<void(Event&)>& edit,
+                     const std::function<void(uint64_t&, Hash&)>& edit_chain = nullptr) {
+  absl::StatusOr<Line> l = ParseLine(line);
+  EXPECT_TRUE(l.ok() && l->kind == Line::Kind::kRecord) << line;
+  Event e = l->event;
+  edit(e);
+  uint64_t seq = l->seq;
+  Hash prev = l->prev;
+  if (edit_chain) edit_chain(seq, prev);
+  Hash hash;
+  return FormatRecord(e, seq, l->instance, prev, &hash);
+}
+
+void LaterTime(Event& e) { e.time_ns += 1; }
+
+}  // namespace forged
+
+// Every record, in turn, replaced by a forged one (one field changed, its own hash recomputed,
+// so it passes the hash check): the record after it fails on `prev`, or the checkpoint right
+// after it fails on its head. Deleting the verifier's prev check makes this test fail.
+TEST_F(VerifierTest, ForgedRehashedRecordAtEveryPositionFailsAtTheNextLine) {
+  const std::vector<LogFile> original = files_;
+  const uint64_t records = Verify(dir_).records;
+  for (uint64_t seq = 0; seq < records; ++seq) {
+    SCOPED_TRACE(absl::StrCat("seq ", seq));
+    files_ = original;
+    const Where w = FindSeq(files_, seq);
+    std::string& line = files_[w.file].lines[w.line];
+    line = forged::Rehashed(line, forged::LaterTime);
+    ASSERT_TRUE(ParseLine(line)->hash_ok);
+    WriteLog(dir_, files_);
+    VerifyReport r = Verify(dir_);
+    ASSERT_FALSE(r.ok()) << "passed: " << Summary(r);
+    EXPECT_EQ(Judge(r, {}).verdict, Verdict::kInvalid);
+    // The next line: a record in this file or the next, or a checkpoint.
+    const bool last_of_file = w.line + 1 == files_[w.file].lines.size();
+    const std::string& next =
+        last_of_file ? files_[w.file + 1].lines[0] : files_[w.file].lines[w.line + 1];
+    if (IsCheckpoint(next)) {
+      EXPECT_TRUE(r.failure->checkpoint) << r.failure->ToString();
+      EXPECT_EQ(r.failure->seq, std::optional<uint64_t>(seq)) << r.failure->ToString();
+      EXPECT_NE(r.failure->why.find("checkpoint head is not the hash of seq"), std::string::npos)
+          << r.failure->ToString();
+    } else {
+      EXPECT_FALSE(r.failure->checkpoint) << r.failure->ToString();
+      EXPECT_EQ(r.failure->seq, std::optional<uint64_t>(seq + 1)) << r.failure->ToString();
+      EXPECT_EQ(r.failure->why, absl::StrCat("prev does not match the hash of seq ", seq));
+      EXPECT_EQ(r.failure->file, last_of_file ? files_[w.file + 1].name : files_[w.file].name);
+      EXPECT_EQ(r.failure->line, last_of_file ? 1 : w.line + 2);
+    }
+  }
+  files_ = original;
+  WriteLog(dir_, files_);
+  EXPECT_EQ(Judge(Verify(dir_), {}).verdict, Verdict::kValid);  // the positive twin
+}
+
+// A forged record whose prev was changed too (and its hash recomputed) fails at itself.
+TEST_F(VerifierTest, ForgedRehashedPrevFailsAtThatRecord) {
+  const Where w = FindSeq(files_, target_);
+  std::string& line = files_[w.file].lines[w.line];
+  line = forged::Rehashed(line, forged::LaterTime, [](uint64_t&, Hash& prev) { prev[5] ^= 1; });
+  ExpectFailsAt(target_, absl::StrCat("prev does not match the hash of seq ", target_ - 1),
+                files_[w.file].name, w.line + 1);
+  // And the first record, whose prev must be 64 zeros.
+  files_ = ReadLog(*golden_);
+  files_[0].lines[0] = forged::Rehashed(files_[0].lines[0], forged::LaterTime,
+                                        [](uint64_t&, Hash& prev) { prev[0] = 1; });
+  ExpectFailsAt(0, "prev of the first record is not 64 zeros", FileName(1), 1);
+}
+
+// A forger who re-chains every record from the forged one up to the next checkpoint gets past
+// every record check; the checkpoint's signed head (and root) stops him there.
+TEST_F(VerifierTest, ForgedAndRechainedUpToACheckpointFailsAtIt) {
+  Where w = FindSeq(files_, target_);
+  Hash prev = ParseLine(files_[w.file].lines[w.line])->prev;
+  uint64_t last = target_;
+  for (uint64_t seq = target_;; ++seq) {
+    std::string& line = files_[w.file].lines[w.line];
+    if (IsCheckpoint(line)) break;
+    line = forged::Rehashed(
+        line, [&](Event& e) { e.time_ns += seq == target_ ? 1 : 0; },
+        [&](uint64_t&, Hash& p) { p = prev; });
+    prev = ParseLine(line)->hash;
+    last = seq;
+    if (++w.line == files_[w.file].lines.size()) {
+      ++w.file;
+      w.line = 0;
+    }
+  }
+  ExpectFailsAt(last, "checkpoint head is not the hash of seq", files_[w.file].name, w.line + 1);
+}
+
+// A record appended after the last checkpoint, chained and hashed like the writer's (the
+// forgery of issue 27): not a valid verdict; with the writer's later checkpoint it would be.
+TEST_F(VerifierTest, ForgedRecordAppendedIsAnUnsignedTail) {
+  const VerifyReport before = Verify(dir_);
+  ASSERT_EQ(Judge(before, {}).verdict, Verdict::kValid);  // the positive twin
+  LogFile& f = files_.back();
+  const std::string& last_record = f.lines[f.lines.size() - 2];
+  ASSERT_TRUE(IsCheckpoint(f.lines.back()));
+  const Line l = *ParseLine(last_record);
+  Event e = MakeEvent(7);
+  Hash hash;
+  f.lines.push_back(FormatRecord(e, l.seq + 1, l.instance, l.hash, &hash));
+  WriteLog(dir_, files_);
+  const VerifyReport r = Verify(dir_);
+  EXPECT_TRUE(r.ok());  // no record check fails: nothing but a signature could tell
+  EXPECT_EQ(r.uncovered, 1u);
+  const Judgement j = Judge(r, {});
+  EXPECT_EQ(j.verdict, Verdict::kUnsignedTail);
+  EXPECT_EQ(ExitCode(j.verdict), 3);
+  EXPECT_NE(j.why.find(absl::StrCat("the last 1 record (seq ", l.seq + 1, ") no checkpoint")),
+            std::string::npos)
+      << j.why;
+}
+
+// Every truncation point of a log file, byte by byte: never a valid verdict except the whole
+// file, and against a witness of the whole log always invalid; a cut inside a line names that
+// line. (A small one-file log of its own, so that each of the thousands of cuts is cheap; the
+// older files of the shared log are cut at every line boundary below.)
+TEST_F(VerifierTest, EveryTruncationPointIsCaught) {
+  const std::string dir = NewTempDir() + "/small";
+  LogOptions o = Options(dir, key_);
+  o.checkpoint_every = 3;
+  {
+    absl::StatusOr<std::unique_ptr<AuditLog>> log = AuditLog::Open(o);
+    ASSERT_TRUE(log.ok());
+    for (int i = 0; i < 6; ++i) ASSERT_TRUE((*log)->Append(MakeEvent(i)).ok());
+    ASSERT_TRUE((*log)->Close().ok());
+  }
+  const std::vector<LogFile> files = ReadLog(dir);
+  ASSERT_EQ(files.size(), 1u);
+  VerifyOptions with_witness;
+  with_witness.witness = Parsed(files[0].lines.back());
+  const std::string path = dir + "/" + FileName(1);
+  const std::string whole = ReadFile(path);
+  std::vector<size_t> line_starts = {0};
+  for (size_t i = 0; i < whole.size(); ++i) {
+    if (whole[i] == '\n') line_starts.push_back(i + 1);
+  }
+  for (size_t cut = 0; cut < whole.size(); ++cut) {
+    SCOPED_TRACE(absl::StrCat("cut at byte ", cut, " of ", whole.size()));
+    WriteFile(path, whole.substr(0, cut));
+    const size_t line = static_cast<size_t>(
+        std::upper_bound(line_starts.begin(), line_starts.end(), cut) - line_starts.begin());
+    const bool boundary = line_starts[line - 1] == cut;
+    const VerifyReport r = Verify(dir, with_witness);
+    ASSERT_EQ(Judge(r, {}).verdict, Verdict::kInvalid) << Summary(r);
+    if (!boundary) {
+      EXPECT_EQ(r.failure->file, FileName(1));
+      EXPECT_EQ(r.failure->line, line);
+      EXPECT_NE(r.failure->why.find("cut short"), std::string::npos);
+    } else if (cut > 0 && !IsCheckpoint(files[0].lines[line - 2])) {
+      // Without the witness: cut after a record, the records after the last checkpoint are an
+      // unsigned tail. (Cut after a checkpoint, it is a valid shorter log: only a witness
+      // tells, verifier.h.)
+      const VerifyReport alone = Verify(dir);
+      EXPECT_EQ(Judge(alone, {}).verdict, Verdict::kUnsignedTail) << Summary(alone);
+    }
+  }
+  WriteFile(path, whole);
+  EXPECT_EQ(Judge(Verify(dir, with_witness), {}).verdict, Verdict::kValid);
+  fs::remove_all(fs::path(dir).parent_path());
+}
+
+// Every line boundary of every older file: the rotation rule fails it, at the right line.
+TEST_F(VerifierTest, EveryLineBoundaryOfAnOlderFileFails) {
+  const std::vector<LogFile> original = files_;
+  for (size_t f = 0; f + 1 < original.size(); ++f) {
+    for (size_t keep = 0; keep < original[f].lines.size(); ++keep) {
+      SCOPED_TRACE(absl::StrCat(original[f].name, " cut to ", keep, " lines"));
+      files_ = original;
+      files_[f].lines.resize(keep);
+      WriteLog(dir_, files_);
+      const VerifyReport r = Verify(dir_);
+      ASSERT_FALSE(r.ok()) << Summary(r);
+      EXPECT_EQ(r.failure->file, original[f].name) << r.failure->ToString();
+    }
+  }
+  files_ = original;
+  WriteLog(dir_, files_);
+  EXPECT_EQ(Judge(Verify(dir_), {}).verdict, Verdict::kValid);
+}
+
+// One byte flipped in every record in turn: each fails at that record.
+TEST_F(VerifierTest, OneByteFlippedInEveryRecordFailsAtThatRecord) {
+  const std::vector<LogFile> original = files_;
+  for (size_t f = 0; f < original.size(); ++f) {
+    for (size_t l = 0; l < original[f].lines.size(); ++l) {
+      if (IsCheckpoint(original[f].lines[l])) continue;
+      files_ = original;
+      std::string& line = files_[f].lines[l];
+      const uint64_t seq = ParseLine(line)->seq;
+      SCOPED_TRACE(absl::StrCat("seq ", seq));
+      line[line.size() / 2] ^= 0x01;
+      WriteLog(dir_, files_);
+      const VerifyReport r = Verify(dir_);
+      ASSERT_FALSE(r.ok());
+      EXPECT_EQ(r.failure->seq, std::optional<uint64_t>(seq)) << r.failure->ToString();
+      EXPECT_EQ(r.failure->line, l + 1);
+    }
+  }
+  files_ = original;
+  WriteLog(dir_, files_);
+  EXPECT_TRUE(Verify(dir_).ok());
+}
+
+// Two checkpoints swapped: the first of the two places fails.
+TEST_F(VerifierTest, CheckpointsSwappedFail) {
+  const auto checkpoints = Checkpoints();
+  const auto& [a, line_a] = checkpoints[3];
+  const auto& [b, line_b] = checkpoints[6];
+  files_[a.file].lines[a.line] = line_b;
+  files_[b.file].lines[b.line] = line_a;
+  ExpectFailsAt(Parsed(line_a).size - 1, "replayed or moved", files_[a.file].name, a.line + 1);
+}
+
+// Witness rollback (issue 27): the checkpoints from the witness's on deleted. The records they
+// covered are now an unsigned tail, and the witness would be "extended": the verifier refuses,
+// so no verdict is valid and `verify --save-witness` never saves the older checkpoint.
+TEST_F(VerifierTest, CheckpointsDeletedAboveTheWitnessFail) {
+  const auto checkpoints = Checkpoints();
+  VerifyOptions with_witness;
+  with_witness.witness = Parsed(checkpoints[checkpoints.size() - 3].second);
+  EXPECT_EQ(Judge(Verify(dir_, with_witness), {}).verdict, Verdict::kValid);  // the twin
+  for (size_t i = checkpoints.size() - 3; i < checkpoints.size(); ++i) {
+    const Where& w = checkpoints[i].first;
+    files_[w.file].lines[w.line] = "";  // dropped below
+  }
+  for (LogFile& f : files_) std::erase(f.lines, "");
+  WriteLog(dir_, files_);
+  JudgeOptions allow;
+  allow.allow_unsigned_tail = true;
+  EXPECT_EQ(Judge(Verify(dir_), allow).verdict, Verdict::kValid);  // alone, it cannot tell
+  const VerifyReport r = Verify(dir_, with_witness);
+  ASSERT_FALSE(r.ok()) << Summary(r);
+  EXPECT_NE(
+      r.failure->why.find(absl::StrCat("the witness checkpoint of size ",
+                                       with_witness.witness->size, " is no longer in the log")),
+      std::string::npos)
+      << r.failure->ToString();
+  EXPECT_EQ(Judge(r, allow).verdict, Verdict::kInvalid);
+}
+
+// Torn-tail deletion (issue 27): the recovery record names the torn file and its digest, and a
+// checkpoint signs it at once; deleting or editing the file fails at that record.
+TEST_F(VerifierTest, TornFileDeletedOrEditedFailsAtItsRecoveryRecord) {
+  const std::string newest = dir_ + "/" + files_.back().name;
+  WriteFile(newest, ReadFile(newest) + "{\"v\":1,\"seq\":99999,\"ti");
+  {
+    absl::StatusOr<std::unique_ptr<AuditLog>> log = AuditLog::Open(Options(dir_, key_));
+    ASSERT_TRUE(log.ok()) << log.status();
+    ASSERT_TRUE((*log)->Close().ok());
+  }
+  VerifyReport r = Verify(dir_);
+  ASSERT_EQ(Judge(r, {}).verdict, Verdict::kValid) << Summary(r);  // the positive twin
+  ASSERT_EQ(r.recoveries.size(), 1u);
+  const RecoveryNote note = r.recoveries[0];
+  ASSERT_EQ(r.torn_files, std::vector<std::string>{note.torn_file});
+  // The recovery record is covered by the checkpoint right after it.
+  files_ = ReadLog(dir_);
+  const Where w = FindSeq(files_, note.seq);
+  ASSERT_TRUE(IsCheckpoint(files_[w.file].lines[w.line + 1]));
+  EXPECT_EQ(Parsed(files_[w.file].lines[w.line + 1]).size, note.seq + 1);
+
+  const std::string torn_path = dir_ + "/" + note.torn_file;
+  const std::string torn = ReadFile(torn_path);
+  WriteFile(torn_path, torn + "x");
+  r = Verify(dir_);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.failure->seq, std::optional<uint64_t>(note.seq));
+  EXPECT_EQ(r.failure->line, note.line);
+  EXPECT_NE(r.failure->why.find("sha256 differs"), std::string::npos) << r.failure->ToString();
+  fs::remove(torn_path);
+  r = Verify(dir_);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.failure->seq, std::optional<uint64_t>(note.seq));
+  EXPECT_NE(r.failure->why.find("missing from the directory"), std::string::npos);
+  WriteFile(torn_path, torn);
+  EXPECT_EQ(Judge(Verify(dir_), {}).verdict, Verdict::kValid);
 }
 
 }  // namespace
