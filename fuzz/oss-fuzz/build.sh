@@ -18,7 +18,7 @@ cd "$root"
 : "${CFLAGS:=}" "${CXXFLAGS:=}"
 build="${WORK:-/tmp}/kvguard-oss-fuzz-build"
 targets=(page_ops realloc_race kernel_diff tenant_policy audit_parse audit_verify gguf_parse
-         openai_request chat_template)
+         openai_request chat_template tokenizer)
 
 cmake -S . -B "$build" -G Ninja \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
