@@ -192,19 +192,6 @@ size_t Model::DecodeWeightBytesPerStep() const {
   return bytes;
 }
 
-void Model::MatMulRows(const QuantizedMatrix& w, const float* x, int rows, float* y,
-                       kernels::MatMulActivations act, kernels::ThreadPool* pool) const {
-  // Calls of balanced sizes (130 rows: 44 + 43 + 43, not 64 + 64 + 2): the kernels' rate per
-  // row falls steeply at the smallest batches (bench/results/kernels.md, "BF16 dot products").
-  const int calls = (rows + kMaxDecodeBatch - 1) / kMaxDecodeBatch;
-  for (int k = 0, r = 0; k < calls; ++k) {
-    const int batch = rows / calls + (k < rows % calls ? 1 : 0);
-    kernels::MatMul(w.view(), x + static_cast<size_t>(r) * w.cols, batch,
-                    y + static_cast<size_t>(r) * w.rows, pool, act);
-    r += batch;
-  }
-}
-
 namespace {
 
 // Scratch holds one step's activations, row-major with one row per token.
@@ -315,13 +302,13 @@ void Model::MatMulPhases(const QuantizedMatrix* const w[2], const float* x, int 
   const kernels::MatMulActivations prefill = options_.prefill_activations;
   if (w[kPrefill] == w[kDecode] && kernels::MatMulArithmeticFor(w[kDecode]->format, prefill) ==
                                        kernels::MatMulArithmeticFor(w[kDecode]->format, kExact)) {
-    MatMulRows(*w[kDecode], x, rows, y, kExact, tp);  // one matrix, one arithmetic: one call
+    kernels::MatMul(w[kDecode]->view(), x, rows, y, tp, kExact);  // one matrix, one arithmetic
     return;
   }
-  if (decode_rows > 0) MatMulRows(*w[kDecode], x, decode_rows, y, kExact, tp);
+  if (decode_rows > 0) kernels::MatMul(w[kDecode]->view(), x, decode_rows, y, tp, kExact);
   if (rows > decode_rows) {
-    MatMulRows(*w[kPrefill], x + size_t(decode_rows) * w[kPrefill]->cols, rows - decode_rows,
-               y + size_t(decode_rows) * w[kPrefill]->rows, prefill, tp);
+    kernels::MatMul(w[kPrefill]->view(), x + size_t(decode_rows) * w[kPrefill]->cols,
+                    rows - decode_rows, y + size_t(decode_rows) * w[kPrefill]->rows, tp, prefill);
   }
 }
 

@@ -168,9 +168,6 @@ class Model {
   enum Phase { kPrefill = 0, kDecode = 1 };
 
   Model() = default;
-  // MatMulRows computes y [rows, w.rows] = x [rows, w.cols] W^T in batches the kernel takes.
-  void MatMulRows(const kernels::QuantizedMatrix& w, const float* x, int rows, float* y,
-                  kernels::MatMulActivations act, kernels::ThreadPool* pool) const;
   // MatMulPhases multiplies rows [0, decode_rows) of x by w[kDecode] with exact activations and
   // the rest by w[kPrefill] with options_.prefill_activations (one call over all rows when both
   // phases share the matrix and its arithmetic).

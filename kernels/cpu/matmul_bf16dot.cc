@@ -25,11 +25,17 @@
 // a column's outputs never depend on the batch it came in:
 //   * column lanes (16 or more columns): a lane is one column of x and holds the pair
 //     (x[n][2p], x[n][2p+1]); x is packed so once per call (each thread its own copy, as
-//     matmul.cc does for the same reason). A weight pair (W[r][2p], W[r][2p+1]) is one 32-bit
-//     word of the row in its natural layout, broadcast to every lane by the instruction's memory
-//     operand: the weights need no transposing, only (FP8) widening to BF16, R rows at a time
-//     into a small buffer that stays in cache while every column vector uses it. R rows x NV
-//     column vectors of accumulators (R x NV <= 24).
+//     matmul.cc does for the same reason), in register tiles of up to 4 column vectors. A weight
+//     pair (W[r][2p], W[r][2p+1]) is one 32-bit word of the row in its natural layout, broadcast
+//     to every lane: the weights need no transposing, only (FP8) widening to BF16. The work is
+//     blocked as a GEMM: per block of 48 rows, a chunk of 256 pairs is widened once into a
+//     buffer that stays in cache while every register tile of up to 256 columns runs over it
+//     (R rows x NV column vectors of accumulators, R x NV <= 24), and the block's FP32 sums
+//     wait in a per-thread buffer between chunks (stored and reloaded exactly, so the chain of
+//     operations per output is unchanged). At the end each 16 x 16 square of sums is scaled,
+//     transposed and stored a column at a time. (Before the blocking, each call of up to 64
+//     columns widened its rows again and stored each sum on its own: 15% and 12% of prefill on
+//     `medium`; bench/results/prefill.md.)
 //   * row lanes (fewer columns, where column lanes would leave most lanes empty): a lane is one
 //     row of W; 48 rows at a time are widened and transposed (16 x 16 blocks of pairs) so that
 //     a vector holds one pair of 16 rows, and each column's x pair is broadcast. 3 row vectors x
@@ -89,24 +95,35 @@ KVG_AVX512_BF16_BEGIN
 namespace {
 
 constexpr int kLanes = 16;  // columns of x per vector
-// Rows per ParallelFor grain: a multiple of every RowsPerPass, so a thread's share splits into
-// whole passes.
-constexpr int64_t kRowGrain = 48;
+// Rows per ParallelFor grain and per block of W that a call widens once (kBlockRows): a
+// multiple of every RowsPerPass and of the row-lane layout's 48, so a thread's share splits
+// into whole blocks and passes.
+constexpr int kBlockRows = 48;
+constexpr int64_t kRowGrain = kBlockRows;
+// Column lanes: column vectors per register tile (the most NV), weight pairs per pass over a
+// block (the block's widened chunk, 48 x 256 pairs = 48 KiB, and a tile's x chunk, 4 x 16 x 256
+// pairs = 64 KiB, stay in L2 while every tile of the block uses them), and column vectors per
+// block tile (its FP32 sums, 48 x 256 floats = 48 KiB; more columns take another pass over W).
+constexpr int kTileVectors = 4;
+constexpr int kChunkPairs = 256;
+constexpr int kPassVectors = 16;
 
 // RowsPerPass: R for NV column vectors (R x NV accumulators, see the file comment).
 template <int NV>
 constexpr int RowsPerPass() {
-  return NV == 1 ? 16 : NV == 2 ? 12 : NV == 3 ? 8 : 6;
+  return NV == 1 ? 12 : NV == 2 ? 12 : NV == 3 ? 8 : 6;
 }
+static_assert(kBlockRows % RowsPerPass<1>() == 0 && kBlockRows % RowsPerPass<3>() == 0 &&
+              kBlockRows % RowsPerPass<4>() == 0);
 
 // Per-call scratch of one thread.
 struct Scratch {
-  std::vector<uint32_t> xp;     // column lanes: [pairs, NV, 16] BF16 pairs of x (zero past batch)
+  std::vector<uint32_t> xp;     // column lanes: x as tiles of <= 4 column vectors (PackX)
   std::vector<uint32_t> xrows;  // row lanes: [batch, pairs] BF16 pairs of x, column by column
   std::vector<uint16_t> xrow;   // [2 * pairs] one column of x in BF16
-  std::vector<uint32_t> rows;   // [48, pairs] weight rows widened to BF16 (FP8, or odd cols)
+  std::vector<uint32_t> rows;   // [48, chunk pairs] a block of W rows widened to BF16
   std::vector<uint32_t> wt;     // row lanes: [pairs, 48] the rows transposed (lane = row)
-  std::vector<uint32_t> zero;   // [pairs] a zero row, for the rows past the end of W
+  std::vector<float> sums;      // column lanes: [48, 16 x pass vectors] a block's FP32 sums
   uint64_t prepared_for = 0;    // the NextCall() of the call whose x this holds
 };
 
@@ -131,16 +148,23 @@ KVG_AVX512_BF16_TARGET void ToBf16Row(const float* x, int n, uint16_t* out) {
   if (n % 2 != 0) out[n] = 0;
 }
 
-// PackX lays the batch's columns of x out as VDPBF16PS operands: xp[(p * nv + v) * 16 + l] is
-// the BF16 pair (x[n][2p], x[n][2p + 1]) of column n = 16 v + l (zero for n >= batch).
-KVG_AVX512_BF16_TARGET void PackX(const float* x, int batch, int cols, int nv, Scratch& s) {
-  const int pairs = (cols + 1) / 2;
+// TileVectors: the column vectors of the register tile that starts at vector v of nv.
+inline int TileVectors(int v, int nv) { return std::min(kTileVectors, nv - v); }
+
+// PackX lays the batch's columns of x out as VDPBF16PS operands, in register tiles of up to 4
+// column vectors (v = 4 t .. 4 t + 3): tile t starts at word 4 t x 16 x pairs and holds, at
+// (p x nvt + v - 4 t) x 16 + l, the BF16 pair (x[n][2p], x[n][2p + 1]) of column n = 16 v + l
+// (zero for n >= batch), nvt being the tile's vectors. A tile's pairs [p0, p1) are contiguous.
+KVG_AVX512_BF16_TARGET void PackX(const float* x, int batch, int cols, Scratch& s) {
+  const int pairs = (cols + 1) / 2, nv = (batch + kLanes - 1) / kLanes;
   s.xp.assign(static_cast<size_t>(pairs) * nv * kLanes, 0);
   s.xrow.resize(static_cast<size_t>(pairs) * 2);
   for (int n = 0; n < batch; ++n) {
     ToBf16Row(x + static_cast<size_t>(n) * cols, cols, s.xrow.data());
-    uint32_t* dst = s.xp.data() + (n / kLanes) * kLanes + n % kLanes;
-    const size_t stride = static_cast<size_t>(nv) * kLanes;
+    const int v = n / kLanes, t0 = v - v % kTileVectors, nvt = TileVectors(t0, nv);
+    uint32_t* dst = s.xp.data() + static_cast<size_t>(t0) * kLanes * pairs +
+                    static_cast<size_t>(v - t0) * kLanes + n % kLanes;
+    const size_t stride = static_cast<size_t>(nvt) * kLanes;
     for (int p = 0; p < pairs; ++p) {
       uint32_t pair;
       std::memcpy(&pair, s.xrow.data() + 2 * p, sizeof(pair));
@@ -149,9 +173,8 @@ KVG_AVX512_BF16_TARGET void PackX(const float* x, int batch, int cols, int nv, S
   }
 }
 
-// Fp8RowToBf16 widens one row of `cols` e4m3 codes to BF16 (exactly; see the file comment) into
-// out[0, cols), and a zero at out[cols] when cols is odd.
-KVG_AVX512_BF16_TARGET void Fp8RowToBf16(const uint8_t* codes, int cols, uint16_t* out) {
+// Fp8RowToBf16 widens `n` e4m3 codes to BF16 (exactly; see the file comment) into out[0, n).
+KVG_AVX512_BF16_TARGET void Fp8RowToBf16(const uint8_t* codes, int n, uint16_t* out) {
   // vpunpcklbw / vpunpckhbw interleave the low / high 8 bytes of each 128-bit lane. So that they
   // give codes 0..31 and 32..63 in order, the 64 codes are first permuted: lane L holds codes
   // 8L..8L+7 in its low half and 32+8L..32+8L+7 in its high half.
@@ -172,7 +195,7 @@ KVG_AVX512_BF16_TARGET void Fp8RowToBf16(const uint8_t* codes, int cols, uint16_
   const __m512i lo1 = _mm512_load_si512(kFp8Tables.lo.data() + 64);
   const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
   int c = 0;
-  for (; c + 64 <= cols; c += 64) {
+  for (; c + 64 <= n; c += 64) {
     const __m512i p = _mm512_permutexvar_epi8(order, _mm512_loadu_si512(codes + c));
     // Index bits 0..6 pick the magnitude's entry (bit 6: the second table); bit 7 is ignored.
     const __m512i hi =
@@ -181,31 +204,57 @@ KVG_AVX512_BF16_TARGET void Fp8RowToBf16(const uint8_t* codes, int cols, uint16_
     _mm512_storeu_si512(out + c, _mm512_unpacklo_epi8(lo, hi));
     _mm512_storeu_si512(out + c + 32, _mm512_unpackhi_epi8(lo, hi));
   }
-  for (; c < cols; ++c) out[c] = Fp8CodeToBf16(codes[c]);
-  if (cols % 2 != 0) out[cols] = 0;
+  for (; c < n; ++c) out[c] = Fp8CodeToBf16(codes[c]);
 }
 
-// Rows accumulates, for R weight rows (each `pairs` BF16 pairs) and NV column vectors of the
-// packed x, acc[r][v] = sum_p W[r] pair p . x pair p of the vector's 16 columns.
+// WidenBlock writes W's rows [r, r + 48), pairs [p0, p0 + np), as BF16 pairs to
+// s.rows[i * np, (i + 1) * np) for row r + i: FP8 widened, BF16 copied, a zero past the last
+// column when it is odd, and zero rows from `last` on.
+KVG_AVX512_BF16_TARGET void WidenBlock(const WeightView& w, int64_t r, int64_t last, int p0, int np,
+                                       Scratch& s) {
+  const int cols = w.cols, c0 = 2 * p0, n = std::min(2 * np, cols - c0);
+  s.rows.resize(static_cast<size_t>(kBlockRows) * np);
+  for (int i = 0; i < kBlockRows; ++i) {
+    uint16_t* out = reinterpret_cast<uint16_t*>(s.rows.data() + static_cast<size_t>(i) * np);
+    if (r + i >= last) {
+      std::memset(out, 0, static_cast<size_t>(np) * sizeof(uint32_t));
+      continue;
+    }
+    const size_t at = static_cast<size_t>(r + i) * cols + c0;
+    if (w.format == WeightFormat::kFp8) {
+      Fp8RowToBf16(static_cast<const uint8_t*>(w.data) + at, n, out);
+    } else {
+      std::memcpy(out, static_cast<const uint16_t*>(w.data) + at, size_t(n) * sizeof(uint16_t));
+    }
+    if (n < 2 * np) out[n] = 0;  // the odd last column's pair
+  }
+}
+
+// Rows accumulates, for R widened weight rows (row i at w + i x stride) and the NV column
+// vectors of a packed x tile, sums[r][v] += sum_{p < np} W[r] pair p . x pair p of the vector's
+// 16 columns; sums row r at t + r x ld, vector v at + 16 v; `first` starts them from zero. A
+// chain split over chunks is the same chain: the FP32 sums are stored and reloaded exactly.
 template <int R, int NV>
-KVG_AVX512_BF16_TARGET void Rows(const uint32_t* const* w, const uint32_t* xp, int pairs,
-                                 __m512* out) {
+KVG_AVX512_BF16_TARGET void Rows(const uint32_t* w, size_t stride, const uint32_t* xp, int np,
+                                 float* t, int ld, bool first) {
   __m512 acc[R][NV];
 #pragma GCC unroll 32
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+    for (int v = 0; v < NV; ++v) {
+      acc[r][v] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(t + r * ld + v * kLanes);
+    }
   }
-  for (int p = 0; p < pairs; ++p) {
+  for (int p = 0; p < np; ++p) {
     __m512bh xv[NV];
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
-      const __m512i t = _mm512_loadu_si512(xp + (static_cast<size_t>(p) * NV + v) * kLanes);
-      xv[v] = reinterpret_cast<const __m512bh&>(t);
+      const __m512i u = _mm512_loadu_si512(xp + (static_cast<size_t>(p) * NV + v) * kLanes);
+      xv[v] = reinterpret_cast<const __m512bh&>(u);
     }
 #pragma GCC unroll 32
     for (int r = 0; r < R; ++r) {
-      const __m512i b = _mm512_set1_epi32(static_cast<int>(w[r][p]));
+      const __m512i b = _mm512_set1_epi32(static_cast<int>(w[r * stride + p]));
       const __m512bh wv = reinterpret_cast<const __m512bh&>(b);
 #pragma GCC unroll 4
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], wv, xv[v]);
@@ -214,67 +263,24 @@ KVG_AVX512_BF16_TARGET void Rows(const uint32_t* const* w, const uint32_t* xp, i
 #pragma GCC unroll 32
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) out[r * NV + v] = acc[r][v];
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(t + r * ld + v * kLanes, acc[r][v]);
   }
 }
 
-// LoadRows points rows[i] at W's row r + i as BF16 pairs, i < R: in place for BF16 weights of
-// even width, else widened (FP8) or copied with a zero pad (odd width) into s.rows; the rows past
-// `last` at s.zero.
-template <int R>
-KVG_AVX512_BF16_TARGET void LoadRows(const WeightView& w, int64_t r, int64_t last, Scratch& s,
-                                     const uint32_t** rows) {
-  const int cols = w.cols, pairs = (cols + 1) / 2;
-  for (int i = 0; i < R; ++i) {
-    if (r + i >= last) {
-      rows[i] = s.zero.data();
-      continue;
-    }
-    const size_t row = static_cast<size_t>(r + i);
-    uint32_t* buf = s.rows.data() + static_cast<size_t>(i) * pairs;
-    if (w.format == WeightFormat::kFp8) {
-      Fp8RowToBf16(static_cast<const uint8_t*>(w.data) + row * cols, cols,
-                   reinterpret_cast<uint16_t*>(buf));
-      rows[i] = buf;
-    } else if (cols % 2 == 0) {
-      rows[i] =
-          reinterpret_cast<const uint32_t*>(static_cast<const uint16_t*>(w.data) + row * cols);
-    } else {
-      std::memcpy(buf, static_cast<const uint16_t*>(w.data) + row * cols,
-                  static_cast<size_t>(cols) * sizeof(uint16_t));
-      reinterpret_cast<uint16_t*>(buf)[cols] = 0;
-      rows[i] = buf;
-    }
+// BlockTile runs Rows over the block's `n` live rows (of 48) for one register tile of NV vectors.
+template <int NV>
+KVG_AVX512_BF16_TARGET void BlockTile(const Scratch& s, int np, const uint32_t* xp, int n, float* t,
+                                      int ld, bool first) {
+  constexpr int R = RowsPerPass<NV>();
+  for (int i = 0; i < n; i += R) {
+    Rows<R, NV>(s.rows.data() + static_cast<size_t>(i) * np, static_cast<size_t>(np), xp, np,
+                t + static_cast<ptrdiff_t>(i) * ld, ld, first);
   }
 }
 
 // RowScale: what row `row`'s FP32 sums are multiplied by (the FP8 row scale; 1 for BF16).
 KVG_AVX512_BF16_TARGET inline float RowScale(const WeightView& w, int64_t row) {
   return w.format == WeightFormat::kFp8 ? w.row_scales[row] : 1.0f;
-}
-
-// ColumnLanes computes y for W's rows [r0, r1) with NV column vectors (see the file comment).
-template <int NV>
-KVG_AVX512_BF16_TARGET void ColumnLanes(const WeightView& w, int batch, float* y, int64_t r0,
-                                        int64_t r1, Scratch& s) {
-  constexpr int R = RowsPerPass<NV>();
-  const uint32_t* rows[R];
-  __m512 acc[R * NV];
-  alignas(64) float lanes[kLanes];
-  for (int64_t r = r0; r < r1; r += R) {
-    LoadRows<R>(w, r, r1, s, rows);
-    Rows<R, NV>(rows, s.xp.data(), (w.cols + 1) / 2, acc);
-    const int n = static_cast<int>(std::min<int64_t>(R, r1 - r));
-    for (int i = 0; i < n; ++i) {
-      const float scale = RowScale(w, r + i);
-      for (int v = 0; v < NV; ++v) {
-        _mm512_store_ps(lanes, acc[i * NV + v]);
-        for (int l = 0; l < kLanes && v * kLanes + l < batch; ++l) {
-          y[static_cast<size_t>(v * kLanes + l) * w.rows + r + i] = lanes[l] * scale;
-        }
-      }
-    }
-  }
 }
 
 // Transpose16 transposes a 16 x 16 block of 32-bit words in place: r[i] lane j <- r[j] lane i.
@@ -309,10 +315,77 @@ KVG_AVX512_BF16_TARGET inline void Transpose16(__m512i r[16]) {
   for (int i = 0; i < 16; ++i) r[i] = t[i];
 }
 
+// StoreBlock writes a block's sums (rows [r, r + n), the pass's columns from 16 v0 on) to y,
+// each multiplied by its row scale: 16 x 16 squares transposed so that each column's 16 rows go
+// out as one store.
+KVG_AVX512_BF16_TARGET void StoreBlock(const WeightView& w, int batch, float* y, int64_t r, int n,
+                                       int v0, int pv, const float* t, int ld) {
+  for (int rs = 0; rs < n; rs += kLanes) {
+    const int nr = std::min(kLanes, n - rs);
+    const __mmask16 rows_mask = static_cast<__mmask16>(nr == kLanes ? 0xFFFF : (1u << nr) - 1);
+    float scale[kLanes];
+    for (int i = 0; i < kLanes; ++i) scale[i] = i < nr ? RowScale(w, r + rs + i) : 0.0f;
+    for (int v = 0; v < pv; ++v) {
+      __m512i square[kLanes];
+#pragma GCC unroll 16
+      for (int i = 0; i < kLanes; ++i) {
+        const __m512 sums = _mm512_loadu_ps(t + static_cast<ptrdiff_t>(rs + i) * ld + v * kLanes);
+        square[i] = _mm512_castps_si512(_mm512_mul_ps(sums, _mm512_set1_ps(scale[i])));
+      }
+      Transpose16(square);
+      const int c0 = (v0 + v) * kLanes, nc = std::min(kLanes, batch - c0);
+      for (int j = 0; j < nc; ++j) {
+        _mm512_mask_storeu_ps(y + static_cast<size_t>(c0 + j) * w.rows + r + rs, rows_mask,
+                              _mm512_castsi512_ps(square[j]));
+      }
+    }
+  }
+}
+
+// ColumnLanes computes y for W's rows [r0, r1), 16 or more columns (see the file comment): per
+// block of 48 rows and pass of up to 256 columns, W is widened a chunk of 256 pairs at a time,
+// and each register tile of the pass runs over the chunk, the block's FP32 sums kept in s.sums.
+KVG_AVX512_BF16_TARGET void ColumnLanes(const WeightView& w, int batch, float* y, int64_t r0,
+                                        int64_t r1, Scratch& s) {
+  const int pairs = (w.cols + 1) / 2, nv = (batch + kLanes - 1) / kLanes;
+  for (int64_t r = r0; r < r1; r += kBlockRows) {
+    const int n = static_cast<int>(std::min<int64_t>(kBlockRows, r1 - r));
+    for (int v0 = 0; v0 < nv; v0 += kPassVectors) {
+      const int pv = std::min(kPassVectors, nv - v0), ld = pv * kLanes;
+      s.sums.resize(static_cast<size_t>(kBlockRows) * ld);
+      for (int p0 = 0; p0 < pairs; p0 += kChunkPairs) {
+        const int np = std::min(kChunkPairs, pairs - p0);
+        WidenBlock(w, r, r1, p0, np, s);
+        for (int v = v0; v < v0 + pv; v += kTileVectors) {
+          const int nvt = TileVectors(v, nv);
+          const uint32_t* xp = s.xp.data() + static_cast<size_t>(v) * kLanes * pairs +
+                               static_cast<size_t>(p0) * nvt * kLanes;
+          float* t = s.sums.data() + (v - v0) * kLanes;
+          switch (nvt) {
+            case 1:
+              BlockTile<1>(s, np, xp, n, t, ld, p0 == 0);
+              break;
+            case 2:
+              BlockTile<2>(s, np, xp, n, t, ld, p0 == 0);
+              break;
+            case 3:
+              BlockTile<3>(s, np, xp, n, t, ld, p0 == 0);
+              break;
+            default:
+              BlockTile<4>(s, np, xp, n, t, ld, p0 == 0);
+              break;
+          }
+        }
+      }
+      StoreBlock(w, batch, y, r, n, v0, pv, s.sums.data(), ld);
+    }
+  }
+}
+
 // kRowLanesRows: rows per pass of the row-lane layout (3 vectors of 16).
 constexpr int kRowVectors = 3;
 constexpr int kRowLanesRows = kRowVectors * kLanes;
-static_assert(kRowGrain % kRowLanesRows == 0);
+static_assert(kRowGrain % kRowLanesRows == 0 && kBlockRows == kRowLanesRows);
 
 // TransposeRows lays rows[0, 48) (BF16 pairs) out as s.wt[p][48]: lane i of vector (p, g) is
 // row 16 g + i's pair p.
@@ -381,7 +454,9 @@ KVG_AVX512_BF16_TARGET void RowLanes(const WeightView& w, int batch, float* y, i
   __m512 acc[kRowVectors * 8];
   alignas(64) float lanes[kLanes];
   for (int64_t r = r0; r < r1; r += kRowLanesRows) {
-    LoadRows<kRowLanesRows>(w, r, r1, s, rows);
+    WidenBlock(w, r, r1, 0, pairs, s);
+    for (int i = 0; i < kRowLanesRows; ++i)
+      rows[i] = s.rows.data() + static_cast<size_t>(i) * pairs;
     TransposeRows(rows, pairs, s);
     for (int t = 0, c0 = 0; t < tiles; ++t) {
       const int nc = batch / tiles + (t < batch % tiles ? 1 : 0);
@@ -423,7 +498,7 @@ KVG_AVX512_BF16_TARGET void RowLanes(const WeightView& w, int batch, float* y, i
 KVG_AVX512_BF16_TARGET void PrepareX(const float* x, int batch, int cols, Scratch& s) {
   const int pairs = (cols + 1) / 2;
   if (batch >= kLanes) {
-    PackX(x, batch, cols, (batch + kLanes - 1) / kLanes, s);
+    PackX(x, batch, cols, s);
     return;
   }
   s.xrows.resize(static_cast<size_t>(batch) * pairs);
@@ -437,26 +512,14 @@ KVG_AVX512_BF16_TARGET void PrepareX(const float* x, int batch, int cols, Scratc
 
 void MatMulBf16Dot(const WeightView& w, const float* x, int batch, float* y, ThreadPool* pool,
                    uint64_t call) {
-  const int pairs = (w.cols + 1) / 2;
   auto fn = [&](int64_t r0, int64_t r1) {
     thread_local Scratch scratch;
     if (scratch.prepared_for != call) {
       PrepareX(x, batch, w.cols, scratch);
       scratch.prepared_for = call;
     }
-    scratch.rows.resize(static_cast<size_t>(kRowLanesRows) * pairs);
-    scratch.zero.assign(static_cast<size_t>(pairs), 0);
-    switch ((batch + kLanes - 1) / kLanes) {
-      case 1:
-        return batch < kLanes ? RowLanes(w, batch, y, r0, r1, scratch)
-                              : ColumnLanes<1>(w, batch, y, r0, r1, scratch);
-      case 2:
-        return ColumnLanes<2>(w, batch, y, r0, r1, scratch);
-      case 3:
-        return ColumnLanes<3>(w, batch, y, r0, r1, scratch);
-      default:
-        return ColumnLanes<4>(w, batch, y, r0, r1, scratch);
-    }
+    if (batch < kLanes) return RowLanes(w, batch, y, r0, r1, scratch);
+    return ColumnLanes(w, batch, y, r0, r1, scratch);
   };
   if (pool == nullptr || pool->size() == 1) {
     fn(0, w.rows);

@@ -237,20 +237,23 @@ TEST_F(MatMulTest, Fp32AndInt4IgnoreBf16Activations) {
 // both activation modes and every target: the engine's tokens must not depend on which other
 // requests share a step.
 TEST_F(MatMulTest, AColumnsOutputsDoNotDependOnTheBatch) {
-  const int rows = 45;
+  // 100 rows: two 48-row blocks and a partial one; 1111 columns: odd, a tail of FP8 codes, and
+  // three 256-pair chunks of the blocked BF16 kernel; 600 columns of x: two calls of that kernel
+  // (512 at most), passes of 256 columns, and tiles of 1 to 4 column vectors.
+  const int rows = 100, total = 600;
   for (WeightFormat f :
        {WeightFormat::kFp32, WeightFormat::kBf16, WeightFormat::kFp8, WeightFormat::kInt4}) {
-    const int cols = f == WeightFormat::kInt4 ? 384 : 333;  // odd, and a tail of FP8 codes
+    const int cols = f == WeightFormat::kInt4 ? 1152 : 1111;
     const std::vector<float> w = RandomWeights(rows, cols, 21);
-    const std::vector<float> x = RandomActivations(64, cols, 22);
+    const std::vector<float> x = RandomActivations(total, cols, 22);
     const QuantizedMatrix q = QuantizeMatrix(w.data(), rows, cols, f, 128);
     for (MatMulActivations act : {MatMulActivations::kExact, MatMulActivations::kBf16}) {
       for (int64_t target : targets_) {
         ForceTarget(target);
-        std::vector<float> all(static_cast<size_t>(64) * rows);
-        MatMul(q.view(), x.data(), 64, all.data(), &pool2_, act);
-        for (int batch : {1, 3, 16, 17, 40}) {
-          for (int first : {0, 64 - batch}) {
+        std::vector<float> all(static_cast<size_t>(total) * rows);
+        MatMul(q.view(), x.data(), total, all.data(), &pool2_, act);
+        for (int batch : {1, 3, 16, 17, 40, 64, 65, 257, 512}) {
+          for (int first : {0, total - batch}) {
             SCOPED_TRACE(std::string(WeightFormatName(f)) + " " + TargetName(target) +
                          (act == MatMulActivations::kBf16 ? " bf16 x" : "") + " batch " +
                          std::to_string(batch) + " from column " + std::to_string(first));
@@ -267,6 +270,28 @@ TEST_F(MatMulTest, AColumnsOutputsDoNotDependOnTheBatch) {
       }
       ResetTarget();
     }
+  }
+}
+
+// Batches past one kernel call (64 columns; 512 on BF16 dot products) match the reference, as
+// do rows past one block (48) and columns past one chunk (512) of the blocked BF16 kernel.
+TEST_F(MatMulTest, ManyColumnsMatchReference) {
+  struct Case {
+    WeightFormat format;
+    MatMulActivations act;
+    int batch;
+  };
+  constexpr auto kExact = MatMulActivations::kExact, kBf16 = MatMulActivations::kBf16;
+  const Case cases[] = {{WeightFormat::kFp32, kExact, 130}, {WeightFormat::kInt4, kExact, 130},
+                        {WeightFormat::kFp8, kExact, 130},  {WeightFormat::kBf16, kBf16, 300},
+                        {WeightFormat::kFp8, kBf16, 300},   {WeightFormat::kFp8, kBf16, 513}};
+  uint32_t seed = 300;
+  for (const Case& c : cases) {
+    const Shape shape = c.format == WeightFormat::kInt4 ? Shape{60, 1152, 128} : Shape{60, 1111, 0};
+    const std::vector<float> w = RandomWeights(shape.rows, shape.cols, ++seed);
+    const std::vector<float> x = RandomActivations(c.batch, shape.cols, ++seed);
+    Check(w, shape, c.format, x, c.batch, c.act);
+    if (HasFailure()) return;
   }
 }
 
@@ -535,7 +560,7 @@ TEST(MatMulDeathTest, BadArgumentsRefused) {
   std::vector<float> y(64 * 4);
   const QuantizedMatrix q = QuantizeMatrix(w.data(), 4, 64, WeightFormat::kInt4, 32);
   EXPECT_DEATH(MatMul(q.view(), x.data(), 0, y.data(), nullptr), "batch");
-  EXPECT_DEATH(MatMul(q.view(), x.data(), 65, y.data(), nullptr), "batch");
+  EXPECT_DEATH(MatMul(q.view(), x.data(), -1, y.data(), nullptr), "batch");
   WeightView bad = q.view();
   bad.group = 48;
   EXPECT_DEATH(MatMul(bad, x.data(), 1, y.data(), nullptr), "INT4");
@@ -550,12 +575,12 @@ TEST(MatMulDeathTest, BadArgumentsRefused) {
 
 TEST(MatMulDeathTest, GoodArgumentsAccepted) {  // positive twin of BadArgumentsRefused
   // 7 is exact in both formats: INT4 group scale 1, FP8 row scale 7/448 = 2^-6.
-  const std::vector<float> w(64 * 4, 7.0f), x(64 * 64, 1.0f);
-  std::vector<float> y(64 * 64);
+  const std::vector<float> w(64 * 4, 7.0f), x(130 * 64, 1.0f);
+  std::vector<float> y(130 * 4);
   const QuantizedMatrix q = QuantizeMatrix(w.data(), 4, 64, WeightFormat::kInt4, 32);
   MatMul(q.view(), x.data(), 1, y.data(), nullptr);
-  MatMul(q.view(), x.data(), 64, y.data(), nullptr);
-  for (int i = 0; i < 64 * 4; ++i) ASSERT_EQ(y[i], 448.0f) << i;  // 64 * 7 * 1
+  MatMul(q.view(), x.data(), 130, y.data(), nullptr);              // three kernel calls
+  for (int i = 0; i < 130 * 4; ++i) ASSERT_EQ(y[i], 448.0f) << i;  // 64 * 7 * 1
   const QuantizedMatrix f8 = QuantizeMatrix(w.data(), 4, 64, WeightFormat::kFp8);
   MatMul(f8.view(), x.data(), 1, y.data(), nullptr);
   for (int i = 0; i < 4; ++i) ASSERT_EQ(y[i], 448.0f) << i;
