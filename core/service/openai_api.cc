@@ -5,7 +5,8 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "core/text/tokenizer.h"  // IsValidUtf8, the one UTF-8 validator
+#include "core/text/tokenizer.h"
+#include "core/text/utf8.h"
 
 namespace kvguard::core {
 namespace {

@@ -10,6 +10,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "core/text/utf8.h"
 
 namespace kvguard::core {
 namespace {
@@ -87,60 +88,12 @@ bool PromotedToControl(std::string_view text) {
   return false;
 }
 
-// Utf8Length returns the length of the well-formed UTF-8 sequence at text[pos] (1..4), or 0
-// when the bytes there are not one (then the byte stands alone). *cp receives the code point.
-size_t Utf8Length(std::string_view text, size_t pos, uint32_t* cp) {
-  const auto b = [&](size_t i) { return static_cast<unsigned char>(text[pos + i]); };
-  const unsigned char c = b(0);
-  *cp = c;
-  if (c < 0x80) return 1;
-  size_t n = 0;
-  unsigned char lo = 0x80, hi = 0xBF;
-  if (c >= 0xC2 && c <= 0xDF) {
-    n = 2, *cp = c & 0x1F;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    n = 3, *cp = c & 0x0F;
-    if (c == 0xE0) lo = 0xA0;
-    if (c == 0xED) hi = 0x9F;
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    n = 4, *cp = c & 0x07;
-    if (c == 0xF0) lo = 0x90;
-    if (c == 0xF4) hi = 0x8F;
-  } else {
-    return 0;
-  }
-  if (pos + n > text.size()) return 0;
-  for (size_t i = 1; i < n; ++i) {
-    const unsigned char x = b(i);
-    if (x < (i == 1 ? lo : 0x80) || x > (i == 1 ? hi : 0xBF)) return 0;
-    *cp = (*cp << 6) | (x & 0x3F);
-  }
-  return n;
-}
-
 // SymbolLength: the bytes of the symbol at `pos`, a whole character or one stray byte.
 size_t SymbolLength(std::string_view text, size_t pos, uint32_t* cp) {
-  const size_t n = Utf8Length(text, pos, cp);
-  if (n == 0) *cp = 0xFFFFFFFF;  // matches no class: an "other" character
+  char32_t c = 0;
+  const size_t n = Utf8SequenceAt(text, pos, &c);
+  *cp = n == 0 ? 0xFFFFFFFF : static_cast<uint32_t>(c);  // 0xFFFFFFFF matches no class
   return n == 0 ? 1 : n;
-}
-
-void AppendUtf8(uint32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
 }
 
 // GPT-2's bytes_to_unicode: printable bytes map to themselves, the rest to 256, 257, ...

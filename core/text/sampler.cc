@@ -10,6 +10,7 @@
 #include "absl/base/internal/raw_logging.h"
 #include "absl/strings/str_cat.h"
 #include "core/text/tokenizer.h"
+#include "core/text/utf8.h"
 #include "kernels/cpu/ops.h"
 
 namespace kvguard::core {

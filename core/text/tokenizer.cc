@@ -110,14 +110,4 @@ std::string Utf8StreamDecoder::Flush() {
   return std::string(kReplacement);
 }
 
-bool IsValidUtf8(std::string_view text) {
-  // The decoder copies every well-formed sequence and rewrites each ill-formed subpart as
-  // U+FFFD. A rewrite can never reproduce the input (EF BF BD at that position would itself be
-  // well formed), so the output equals the input exactly when nothing was rewritten.
-  Utf8StreamDecoder decoder;
-  std::string out = decoder.Push(text);
-  out += decoder.Flush();
-  return out == text;
-}
-
 }  // namespace kvguard::core

@@ -101,10 +101,6 @@ class Utf8StreamDecoder {
   unsigned char upper_ = 0xBF;
 };
 
-// IsValidUtf8 returns whether `text` is well-formed UTF-8 (no overlongs, surrogates, code
-// points above U+10FFFF or truncated sequences).
-bool IsValidUtf8(std::string_view text);
-
 }  // namespace kvguard::core
 
 #endif  // KVGUARD_CORE_TEXT_TOKENIZER_H_

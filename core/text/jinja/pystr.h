@@ -7,21 +7,24 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/string_view.h"
+#include "core/text/utf8.h"
 
 namespace kvguard::core::jinja {
 
-// IsValidUtf8: whether `s` is well-formed UTF-8 (no overlongs, surrogates or values past
-// U+10FFFF).
-bool IsValidUtf8(absl::string_view s);
+// The one UTF-8 codec (core/text/utf8.h), over Abseil's string_view (Debian's is its own type).
+using core::AppendUtf8;
+inline bool IsValidUtf8(absl::string_view s) {
+  return core::IsValidUtf8(std::string_view(s.data(), s.size()));
+}
 
 // CodePoints: the code points of valid UTF-8 `s`.
 std::vector<char32_t> CodePoints(absl::string_view s);
 
-// AppendUtf8: appends code point `c` to `out`.
-void AppendUtf8(char32_t c, std::string* out);
+// EncodeUtf8: the UTF-8 of cps[begin, end).
 std::string EncodeUtf8(const std::vector<char32_t>& cps, size_t begin, size_t end);
 
 // CodePointCount: len(s).

@@ -14,6 +14,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/text/utf8.h"
+
 namespace kvguard::core {
 namespace {
 
