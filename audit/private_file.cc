@@ -104,8 +104,8 @@ absl::Status CheckPrivateFile(std::string_view what, const std::string& path,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ReadPrivateFile(std::string_view what, const std::string& path,
-                                            size_t max_bytes) {
+absl::Status ReadPrivateFileInto(std::string_view what, const std::string& path, size_t max_bytes,
+                                 std::string& out) {
   const std::string w(what);
   // O_NONBLOCK: opening a FIFO must not wait for a writer before fstat can refuse it.
   FdCloser fd(open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
@@ -121,14 +121,39 @@ absl::StatusOr<std::string> ReadPrivateFile(std::string_view what, const std::st
   if (fstat(fd.get(), &st) != 0)
     return absl::ErrnoToStatus(errno, absl::StrCat(w, ": fstat ", path));
   if (absl::Status s = CheckPrivateFile(what, path, st); !s.ok()) return s;
-  std::string contents;
-  if (absl::Status s = ReadUpTo(fd.get(), max_bytes, contents); !s.ok()) {
+  if (absl::Status s = ReadUpTo(fd.get(), max_bytes, out); !s.ok()) {
     if (absl::IsOutOfRange(s)) {
       return absl::InvalidArgumentError(absl::StrCat(w, " ", path, ": ", s.message()));
     }
     return Prefix(s, absl::StrCat(w, ": read ", path));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadPrivateFile(std::string_view what, const std::string& path,
+                                            size_t max_bytes) {
+  std::string contents;
+  if (absl::Status s = ReadPrivateFileInto(what, path, max_bytes, contents); !s.ok()) return s;
   return contents;
+}
+
+absl::StatusOr<bool> LoadOrCreatePrivateFile(
+    std::string_view what, const std::string& path, size_t max_bytes, std::string& out,
+    absl::FunctionRef<absl::Status(const std::string&)> create) {
+  const std::string w(what);
+  if (path.empty()) return absl::InvalidArgumentError(absl::StrCat(w, ": empty path"));
+  // Two rounds: if another process creates the file between our open and our create, load it.
+  for (int round = 0; round < 2; ++round) {
+    absl::Status read = ReadPrivateFileInto(what, path, max_bytes, out);
+    if (read.ok()) return false;
+    if (!absl::IsNotFound(read)) return read;
+    absl::Status made = create(path);
+    if (absl::IsAlreadyExists(made)) continue;
+    if (!made.ok()) return Prefix(made, w);
+    return true;
+  }
+  return absl::UnavailableError(
+      absl::StrCat(w, " ", path, ": created and removed concurrently; try again"));
 }
 
 }  // namespace kvguard::audit

@@ -1,7 +1,8 @@
 // audit/private_file.h: files only this process's user may read: the page-tag key file
 // (isolation/tag_key.cc), the log's signing key (audit/signing_key.cc), the log's own files
 // (audit/log.cc), and the service's tenants and admin key digest files (ReadPrivateFile). One
-// implementation of the checks and the durable writes they all need.
+// implementation of the checks, the durable writes and the key files' load-or-create that they
+// all need.
 #ifndef KVGUARD_AUDIT_PRIVATE_FILE_H_
 #define KVGUARD_AUDIT_PRIVATE_FILE_H_
 
@@ -10,6 +11,7 @@
 #include <string>
 #include <string_view>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
@@ -79,6 +81,20 @@ absl::Status CheckPrivateFile(std::string_view what, const std::string& path,
 // error if it cannot be read. Not for key material (the key files read into a SecretBuffer).
 absl::StatusOr<std::string> ReadPrivateFile(std::string_view what, const std::string& path,
                                             size_t max_bytes);
+// ReadPrivateFileInto is ReadPrivateFile into `out`, for key material: the caller passes a
+// SecretBuffer's string with max_bytes + 1 reserved, so the key is never copied.
+absl::Status ReadPrivateFileInto(std::string_view what, const std::string& path, size_t max_bytes,
+                                 std::string& out);
+
+// LoadOrCreatePrivateFile is how the key files start: it reads `path` into `out` as
+// ReadPrivateFileInto does and returns false; if there is no file, it calls `create(path)`,
+// which must write a new one with WriteNewPrivateFile (AlreadyExists if another process got
+// there first), and returns true. When another process creates the file between the two, that
+// file is read instead (the caller then discards what `create` made). Errors as
+// ReadPrivateFileInto's, or `create`'s prefixed with `what`.
+absl::StatusOr<bool> LoadOrCreatePrivateFile(
+    std::string_view what, const std::string& path, size_t max_bytes, std::string& out,
+    absl::FunctionRef<absl::Status(const std::string&)> create);
 
 }  // namespace kvguard::audit
 

@@ -285,47 +285,22 @@ absl::StatusOr<std::unique_ptr<SigningKey>> SigningKey::CreateEphemeral() {
 }
 
 absl::StatusOr<std::unique_ptr<SigningKey>> SigningKey::LoadOrCreate(const std::string& path) {
-  if (path.empty()) return absl::InvalidArgumentError("signing key file: empty path");
-  // Two rounds: if another process creates the file between our open and our create, load it.
-  for (int round = 0; round < 2; ++round) {
-    // O_NONBLOCK: opening a FIFO must not wait for a writer before fstat can refuse it.
-    FdCloser fd(open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
-    if (fd.get() >= 0) {
-      struct stat st;
-      if (fstat(fd.get(), &st) != 0) {
-        return absl::ErrnoToStatus(errno, absl::StrCat("signing key file: fstat ", path));
-      }
-      if (absl::Status s = CheckPrivateFile("signing key file", path, st); !s.ok()) return s;
-      SecretBuffer contents(kMaxKeyFileBytes + 1);
-      if (absl::Status s = ReadUpTo(fd.get(), kMaxKeyFileBytes, contents.str()); !s.ok()) {
-        if (absl::IsOutOfRange(s)) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("signing key file ", path, ": ", s.message()));
-        }
-        return Prefix(s, absl::StrCat("signing key file ", path));
-      }
-      absl::StatusOr<PkeyPtr> pkey = ParsePrivateKeyPem(path, contents.str());
-      if (!pkey.ok()) return pkey.status();
-      return Make(pkey->release());
-    }
-    if (errno == ELOOP) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "signing key file ", path, ": is a symbolic link; it must be a regular file"));
-    }
-    if (errno != ENOENT) {
-      return absl::ErrnoToStatus(errno, absl::StrCat("signing key file: open ", path));
-    }
-
-    // No file yet: write one holding a new key.
+  PkeyPtr created;
+  auto create = [&created](const std::string& p) -> absl::Status {
     absl::StatusOr<PkeyPtr> pkey = NewEd25519Key();
     if (!pkey.ok()) return pkey.status();
-    absl::Status s = WritePrivateKeyFile(path, pkey->get());
-    if (absl::IsAlreadyExists(s)) continue;
-    if (!s.ok()) return Prefix(s, "signing key file");
-    return Make(pkey->release());
-  }
-  return absl::UnavailableError(
-      absl::StrCat("signing key file ", path, ": created and removed concurrently; try again"));
+    if (absl::Status s = WritePrivateKeyFile(p, pkey->get()); !s.ok()) return s;
+    created = *std::move(pkey);
+    return absl::OkStatus();
+  };
+  SecretBuffer contents(kMaxKeyFileBytes + 1);
+  absl::StatusOr<bool> made =
+      LoadOrCreatePrivateFile("signing key file", path, kMaxKeyFileBytes, contents.str(), create);
+  if (!made.ok()) return made.status();
+  if (*made) return Make(created.release());
+  absl::StatusOr<PkeyPtr> pkey = ParsePrivateKeyPem(path, contents.str());
+  if (!pkey.ok()) return pkey.status();
+  return Make(pkey->release());
 }
 
 absl::StatusOr<std::string> SigningKey::Sign(std::string_view message) const {

@@ -1,13 +1,11 @@
 #include "isolation/tag_key.h"
 
-#include <fcntl.h>
 #include <openssl/core_names.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/params.h>
 #include <openssl/rand.h>
 #include <pthread.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <array>
@@ -32,7 +30,6 @@
 namespace kvguard::isolation {
 namespace {
 
-using audit::FdCloser;
 using audit::FsyncParentDir;
 using audit::Prefix;
 using audit::SecretBuffer;
@@ -359,69 +356,40 @@ absl::Status ParseKeyFile(const std::string& path, absl::string_view text,
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TagKeyRing>> TagKeyRing::LoadOrCreate(const std::string& path) {
-  if (path.empty()) return absl::InvalidArgumentError("tag key file: empty path");
-  // Two rounds: if another process creates the file between our open and our create, load it.
-  for (int round = 0; round < 2; ++round) {
-    // O_NONBLOCK: opening a FIFO must not wait for a writer before fstat can refuse it.
-    FdCloser fd(open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
-    if (fd.get() >= 0) {
-      struct stat st;
-      if (fstat(fd.get(), &st) != 0) {
-        return absl::ErrnoToStatus(errno, absl::StrCat("tag key file: fstat ", path));
-      }
-      if (absl::Status c = audit::CheckPrivateFile("tag key file", path, st); !c.ok()) return c;
-      if (static_cast<uint64_t>(st.st_size) > kMaxFileBytes) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("tag key file ", path, ": larger than ", kMaxFileBytes, " bytes"));
-      }
-      SecretBuffer contents(kMaxFileBytes + 1);
-      std::string& text = contents.str();
-      if (absl::Status r = audit::ReadUpTo(fd.get(), kMaxFileBytes, text); !r.ok()) {
-        if (absl::IsOutOfRange(r)) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("tag key file ", path, ": larger than ", kMaxFileBytes, " bytes"));
-        }
-        return Prefix(r, absl::StrCat("tag key file: read ", path));
-      }
-      const size_t size = text.size();
-      State::KeyMap keys;
-      auto add_key = [&keys](KeyId id, const uint8_t* raw) -> absl::Status {
-        absl::StatusOr<std::unique_ptr<Key>> key = Key::Make(id, raw);
-        if (!key.ok()) return key.status();
-        keys.emplace(id, *std::move(key));
-        return absl::OkStatus();
-      };
-      if (absl::Status s = ParseKeyFile(path, absl::string_view(text.data(), size), add_key);
-          !s.ok()) {
-        return s;
-      }
-      return std::unique_ptr<TagKeyRing>(
-          new TagKeyRing(std::make_unique<State>(path, std::move(keys))));
-    }
-    if (errno == ELOOP) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("tag key file ", path, ": is a symbolic link; it must be a regular file"));
-    }
-    if (errno != ENOENT) {
-      return absl::ErrnoToStatus(errno, absl::StrCat("tag key file: open ", path));
-    }
-
+  std::unique_ptr<Key> created;
+  auto create = [&created](const std::string& p) -> absl::Status {
     // No file yet: write one holding a new key 1.
     absl::StatusOr<std::unique_ptr<Key>> key = Key::Random(1);
     if (!key.ok()) return key.status();
     SecretBuffer contents(KeyFileCapacity(1));
     contents.str().append(kFileHeader).push_back('\n');
     (*key)->AppendLine(contents.str());
-    absl::Status s = WriteNewPrivateFile(path, contents.str());
-    if (absl::IsAlreadyExists(s)) continue;
-    if (!s.ok()) return Prefix(s, "tag key file");
-    State::KeyMap keys;
-    keys.emplace(1, *std::move(key));
-    return std::unique_ptr<TagKeyRing>(
-        new TagKeyRing(std::make_unique<State>(path, std::move(keys))));
+    if (absl::Status s = WriteNewPrivateFile(p, contents.str()); !s.ok()) return s;
+    created = *std::move(key);
+    return absl::OkStatus();
+  };
+  SecretBuffer contents(kMaxFileBytes + 1);
+  absl::StatusOr<bool> made =
+      audit::LoadOrCreatePrivateFile("tag key file", path, kMaxFileBytes, contents.str(), create);
+  if (!made.ok()) return made.status();
+  State::KeyMap keys;
+  if (*made) {
+    keys.emplace(1, std::move(created));
+  } else {
+    auto add_key = [&keys](KeyId id, const uint8_t* raw) -> absl::Status {
+      absl::StatusOr<std::unique_ptr<Key>> key = Key::Make(id, raw);
+      if (!key.ok()) return key.status();
+      keys.emplace(id, *std::move(key));
+      return absl::OkStatus();
+    };
+    const std::string& text = contents.str();
+    if (absl::Status s = ParseKeyFile(path, absl::string_view(text.data(), text.size()), add_key);
+        !s.ok()) {
+      return s;
+    }
   }
-  return absl::UnavailableError(
-      absl::StrCat("tag key file ", path, ": created and removed concurrently; try again"));
+  return std::unique_ptr<TagKeyRing>(
+      new TagKeyRing(std::make_unique<State>(path, std::move(keys))));
 }
 
 absl::StatusOr<KeyId> TagKeyRing::Rotate() {
