@@ -122,7 +122,14 @@ absl::StatusOr<std::unique_ptr<AuditLog>> AuditLog::Open(LogOptions options) {
     return absl::FailedPreconditionError(absl::StrCat(
         "audit log ", log->options_.dir, " is held by another writer (", lock_path, ")"));
   }
-  if (absl::Status s = log->Recover(); !s.ok()) return s;
+  if (absl::Status s = log->Recover(); !s.ok()) {
+    // A refused log is left exactly as it was: no service_stop, no checkpoint over what was
+    // refused (the destructor's Close writes nothing once the file is closed here).
+    std::lock_guard<std::mutex> lock(log->mu_);
+    if (log->fd_ >= 0) close(log->fd_);
+    log->fd_ = -1;
+    return s;
+  }
   {
     std::lock_guard<std::mutex> lock(log->mu_);
     Event start;
@@ -247,10 +254,33 @@ absl::Status AuditLog::Recover() {
   const int open_index = ends_with_rotation ? files->back() + 1 : files->back();
   if (absl::Status s = OpenFileLocked(open_index); !s.ok()) return s;
   // (After a crash mid-rotation, the file the rotation record names now exists, empty.)
-  if (absl::Status s = VerifyOnOpen(); !s.ok()) return s;
+  absl::StatusOr<VerifyReport> verified = VerifyOnOpen();
+  if (!verified.ok()) return verified.status();
+  bool adopted = false;
+  if (verified->uncovered > 0) {
+    // Records no checkpoint covers. After a clean stop there are none (service_stop's checkpoint
+    // is the last line a writer writes), so any there were added while the service was down:
+    // refuse to sign them. Otherwise they may be a crash's last records, or an appended
+    // forgery: this writer cannot tell, so it takes them over with a record naming them, which
+    // `audit verify` reports, rather than signing them as its own in silence.
+    const uint64_t first = verified->records - verified->uncovered, last = verified->records - 1;
+    if (verified->last_covered_type == "service_stop") {
+      return absl::DataLossError(absl::StrCat(
+          "audit log ", options_.dir, ": records ", first, "..", last,
+          " follow the final checkpoint of a clean stop, where a writer writes nothing; they were "
+          "added while the service was down. Not signing them (run kvguard audit verify)"));
+    }
+    Event e;
+    e.type = "tail_adopted";
+    e.detail = TailAdoptedDetail(first, last);
+    if (absl::Status s = AppendLocked(std::move(e)); !s.ok()) return s;
+    adopted = true;
+  }
   if (recovery) {
     // Signed at once: from here on, deleting or editing the torn file fails verification.
     if (absl::Status s = AppendLocked(std::move(*recovery)); !s.ok()) return s;
+  }
+  if (adopted || recovery) {
     if (absl::Status s = CheckpointLocked(); !s.ok()) return s;
   }
   return absl::OkStatus();
@@ -280,7 +310,7 @@ absl::Status AuditLog::OpenFileLocked(int index) {
 
 absl::Status AuditLog::Append(Event event) {
   if (event.type == "service_start" || event.type == "service_stop" ||
-      event.type == "log_rotation" || event.type == "recovery") {
+      event.type == "log_rotation" || event.type == "recovery" || event.type == "tail_adopted") {
     return absl::InvalidArgumentError(
         absl::StrCat("audit event type '", event.type, "' is written by the log itself"));
   }
@@ -421,7 +451,7 @@ absl::Status AuditLog::SaveWitness(const std::string& checkpoint_line) {
   return FsyncParentDir(options_.witness_file);
 }
 
-absl::Status AuditLog::VerifyOnOpen() {
+absl::StatusOr<VerifyReport> AuditLog::VerifyOnOpen() {
   absl::StatusOr<VerifyingKey> key = VerifyingKey::FromRaw(options_.key->PublicKeyRaw());
   if (!key.ok()) return key.status();
   VerifyOptions vo;
@@ -447,7 +477,7 @@ absl::Status AuditLog::VerifyOnOpen() {
         absl::StrCat("audit log ", options_.dir,
                      " does not verify; not writing on top of it: ", report->failure->ToString()));
   }
-  return absl::OkStatus();
+  return report;
 }
 
 absl::Status AuditLog::RotateLocked() {

@@ -16,12 +16,16 @@
 // chain head and the tree, and verified in full (chain, canonical form, every checkpoint's
 // signature, and the writer's witness, see LogOptions::witness_file) before anything is
 // written: a log damaged or rewritten while the service was down is refused (DataLoss), never
-// signed again. One writer per directory (an exclusive lock on DIR/lock). A torn tail (an
-// unterminated last line, or a last line that does not parse or whose hash does not match its
-// bytes) is moved to torn-<unix_ns>.bin, never dropped, the file is cut back to its last good
-// record, and a `recovery` record saying so continues the chain. Damage anywhere but the tail is
-// not repaired: Open refuses the log (run `kvguard audit verify` on it) rather than write on top of
-// it.
+// signed again. Records after the last checkpoint are never signed in silence: after a clean
+// stop (service_stop, then its checkpoint) there can be none, so any there are refused
+// (DataLoss); otherwise (a crash's last records, or an append no one can tell from them) a
+// `tail_adopted` record naming them goes into the chain before the next checkpoint, and
+// `audit verify` reports it. One writer per directory (an exclusive lock on DIR/lock). A torn
+// tail (an unterminated last line, or a last line that does not parse or whose hash does not
+// match its bytes) is moved to torn-<unix_ns>.bin, never dropped, the file is cut back to its
+// last good record, and a `recovery` record saying so continues the chain. Damage anywhere but
+// the tail is not repaired: Open refuses the log (run `kvguard audit verify` on it) rather than
+// write on top of it.
 //
 // When the disk fails (full, permissions), Append returns the error and Healthy() reports it
 // until a later write succeeds; the engine then refuses strict tenants and raises an alarm for
@@ -43,6 +47,7 @@
 #include "audit/merkle.h"
 #include "audit/record.h"
 #include "audit/signing_key.h"
+#include "audit/verifier.h"
 
 namespace kvguard::audit {
 
@@ -129,8 +134,9 @@ class AuditLog {
   absl::Status SaveWitness(const std::string& checkpoint_line) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // SaveNote replaces DIR/checkpoint.note with `c` as a C2SP signed note (checkpoint_note.h).
   absl::Status SaveNote(const audit::Checkpoint& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // VerifyOnOpen runs the auditor's full check (VerifyLog) with the writer's witness.
-  absl::Status VerifyOnOpen() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // VerifyOnOpen runs the auditor's full check (VerifyLog) with the writer's witness and
+  // returns its report (DataLoss if the log does not verify).
+  absl::StatusOr<VerifyReport> VerifyOnOpen() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status TickLocked(int64_t now_ms) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FlusherLoop();
   int64_t MonotonicMs() const;

@@ -17,10 +17,10 @@ constexpr std::string_view kRecordDomain = "kvguard/audit/record/v1\n";
 constexpr std::string_view kCheckpointDomain = "kvguard/audit/checkpoint/v1\n";
 constexpr std::string_view kHashKey = ",\"hash\":\"";
 
-constexpr std::array<std::string_view, 11> kEventTypes = {
-    "service_start",       "service_stop",       "violation",    "release_rejected",
-    "session_quarantined", "tenant_quarantined", "mode_change",  "key_rotated",
-    "log_rotation",        "recovery",           "config_change"};
+constexpr std::array<std::string_view, 12> kEventTypes = {
+    "service_start",       "service_stop",       "violation",     "release_rejected",
+    "session_quarantined", "tenant_quarantined", "mode_change",   "key_rotated",
+    "log_rotation",        "recovery",           "config_change", "tail_adopted"};
 
 // Quote returns `v` as a JSON string. Invalid UTF-8 (an operator's name, a detail) becomes
 // U+FFFD rather than an exception: a record is always written, and stays canonical (parsing
@@ -160,6 +160,13 @@ bool IsEventType(std::string_view type) {
     if (t == type) return true;
   }
   return false;
+}
+
+std::string TailAdoptedDetail(uint64_t first, uint64_t last) {
+  return absl::StrCat("seq ", first, "..", last, " (", last - first + 1,
+                      " records): no checkpoint covered them when this writer started; written "
+                      "before a crash, or added while the service was down: the writer cannot "
+                      "tell which");
 }
 
 Hash RecordHash(std::string_view body) { return Sha256({kRecordDomain, body}); }

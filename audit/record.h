@@ -37,6 +37,10 @@ struct Event {
 // IsEventType returns whether `type` is one of FORMAT.md's event types.
 bool IsEventType(std::string_view type);
 
+// TailAdoptedDetail returns the exact `detail` of a `tail_adopted` record for seq first..last
+// (FORMAT.md): the writer's note, at start, of records no checkpoint covered.
+std::string TailAdoptedDetail(uint64_t first, uint64_t last);
+
 // RecordHash returns SHA-256("kvguard/audit/record/v1\n" || body).
 Hash RecordHash(std::string_view body);
 

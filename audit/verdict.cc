@@ -121,6 +121,11 @@ std::string Summary(const VerifyReport& r, const Judgement& j) {
     for (const RecoveryNote& n : r.recoveries) absl::StrAppend(&s, " ", n.seq);
     absl::StrAppend(&s, ")");
   }
+  for (const AdoptionNote& n : r.adoptions) {
+    absl::StrAppend(&s, "; records ", n.first, "..", n.last,
+                    " were taken over unsigned at a restart (tail_adopted, seq ", n.seq,
+                    "): written before a crash or added while the service was down");
+  }
   if (!r.torn_files.empty()) {
     absl::StrAppend(&s, "; torn bytes kept in");
     for (const std::string& t : r.torn_files) absl::StrAppend(&s, " ", t);
@@ -176,6 +181,12 @@ std::string ReportJson(const VerifyReport* r, const Judgement& j) {
                               {"detail", n.detail}});
   }
   out["recoveries"] = recoveries;
+  Json adoptions = Json::array();
+  for (const AdoptionNote& n : r->adoptions) {
+    adoptions.push_back(Json{
+        {"seq", n.seq}, {"first", n.first}, {"last", n.last}, {"file", n.file}, {"line", n.line}});
+  }
+  out["adopted_unsigned"] = adoptions;
   out["torn_files"] = r->torn_files;
   return out.dump() + "\n";
 }

@@ -169,6 +169,7 @@ class Verifier {
   std::optional<std::string> file_rotation_;  // detail of a log_rotation record, if last
   // A service_start since the last checkpoint: the time to the next one is not a gap.
   bool restarted_ = false;
+  std::string last_record_type_;  // the event type of the last record so far
 };
 
 bool Verifier::CheckLogId() {
@@ -258,7 +259,17 @@ bool Verifier::CheckRecord(const Line& line, const Hash& leaf) {
     if (!CheckRecovery(line)) return false;
   } else if (line.event.type == "service_start") {
     restarted_ = true;
+  } else if (line.event.type == "tail_adopted") {
+    // The writer's note that it started on records no checkpoint covered: it must name exactly
+    // those, seq covered_ .. this one - 1, so it can neither hide some nor claim signed ones.
+    if (next_seq_ == covered_ || line.event.detail != TailAdoptedDetail(covered_, next_seq_ - 1)) {
+      return FailRecord(absl::StrCat(
+          "tail_adopted record does not name the records after the last checkpoint (seq ", covered_,
+          "..", next_seq_ == 0 ? 0 : next_seq_ - 1, ")"));
+    }
+    report_->adoptions.push_back(AdoptionNote{line.seq, covered_, next_seq_ - 1, file_, line_});
   }
+  last_record_type_ = line.event.type;
   if (report_->records == 0) report_->first_record_ns = line.event.time_ns;
   report_->last_record_ns = line.event.time_ns;
   head_ = line.hash;
@@ -314,6 +325,7 @@ bool Verifier::CheckCheckpoint(std::string_view text, const Checkpoint& c) {
   }
   restarted_ = false;
   covered_ = c.size;
+  report_->last_covered_type = last_record_type_;
   report_->covered_through_ns = report_->last_record_ns;
   ++report_->checkpoints;
   report_->last_checkpoint = c;

@@ -101,6 +101,16 @@ struct RecoveryNote {
   std::string torn_file;  // the torn-*.bin it names (checked: present, with its digest)
 };
 
+// AdoptionNote is one `tail_adopted` record: records seq first..last, which no checkpoint
+// covered, taken over by a writer at its start (after a crash, or after someone appended them
+// while the service was down: the log cannot tell which, so the auditor is told).
+struct AdoptionNote {
+  uint64_t seq = 0;  // of the tail_adopted record
+  uint64_t first = 0, last = 0;
+  std::string file;
+  uint64_t line = 0;
+};
+
 // CheckpointGap is the longest time between two consecutive checkpoints of one run of the
 // writer (no service_start record between them), by their signed times.
 struct CheckpointGap {
@@ -126,6 +136,10 @@ struct VerifyReport {
   std::optional<CheckpointGap> longest_gap;  // nullopt with fewer than two checkpoints in a run
   bool witness_checked = false;              // the log extends VerifyOptions::witness
   std::vector<RecoveryNote> recoveries;
+  std::vector<AdoptionNote> adoptions;
+  // The event type of the last record the last checkpoint covers ("" with no checkpoint, or
+  // one of size 0): "service_stop" means the log was closed cleanly there.
+  std::string last_covered_type;
   std::vector<std::string> torn_files;  // torn-*.bin in the directory: reported, not errors
   std::optional<VerifyFailure> failure;
 

@@ -282,9 +282,11 @@ TEST_F(AuditLogTest, AHistoryRewrittenWhileDownIsRefusedNotSignedAgain) {
       EXPECT_FALSE(blind.failure.has_value());
       EXPECT_EQ(blind.checkpoints, 0u);
     }
+    const std::vector<std::string> before = Lines();
     absl::StatusOr<std::unique_ptr<AuditLog>> again = AuditLog::Open(o);
     if (tamper) {
       EXPECT_EQ(again.status().code(), absl::StatusCode::kDataLoss) << again.status();
+      EXPECT_EQ(Lines(), before) << "a refused log gets nothing written to it";
     } else {
       EXPECT_TRUE(again.ok()) << again.status();
     }
@@ -474,5 +476,136 @@ TEST_F(AuditLogTest, StopIsAlwaysFollowedByItsFinalCheckpoint) {
     EXPECT_EQ(last.checkpoint.head, stop.hash);
   }
 }
+// What anyone who can write the directory can do without the key: append a record, chained to
+// the last one, after the log's last line. AppendForged returns the forged record's seq.
+uint64_t AppendForged(const std::string& path, const std::vector<Line>& records) {
+  Event e;
+  e.type = "mode_change";
+  e.tenant = "acme";
+  e.mode_from = "enforce";
+  e.mode_to = "off";
+  e.actor = "admin";
+  e.time_ns = records.back().event.time_ns + 1;
+  Hash hash;
+  const uint64_t seq = records.back().seq + 1;
+  std::ofstream(path, std::ios::app)
+      << FormatRecord(e, seq, records.back().instance, records.back().hash, &hash) << "\n";
+  return seq;
+}
+
+// A clean stop ends with service_stop and its checkpoint; a writer writes nothing after them. A
+// record there was added while the service was down: the next start refuses the log rather
+// than sign it (before, the start's first checkpoint covered it and `verify` said all valid).
+TEST_F(AuditLogTest, RecordsAfterACleanStopAreRefusedNotSigned) {
+  for (const bool forge : {false, true}) {
+    SCOPED_TRACE(forge ? "a record appended after the stop" : "untouched twin");
+    fs::remove_all(dir_);
+    {
+      auto log = *AuditLog::Open(Options());
+      for (uint64_t i = 0; i < 3; ++i) ASSERT_TRUE(log->Append(Violation(i)).ok());
+    }
+    if (forge) {
+      const uint64_t seq = AppendForged(dir_ + "/" + FileName(1), Records());
+      const VerifyingKey vk = *VerifyingKey::FromPem(key_->PublicKeyPem());
+      const VerifyReport report = *VerifyLog(dir_, vk, {});
+      EXPECT_FALSE(report.failure.has_value());  // well formed: an unsigned tail of one
+      EXPECT_EQ(report.uncovered, 1u);
+      EXPECT_EQ(report.last_covered_type, "service_stop");
+      absl::StatusOr<std::unique_ptr<AuditLog>> again = AuditLog::Open(Options());
+      EXPECT_EQ(again.status().code(), absl::StatusCode::kDataLoss) << again.status();
+      EXPECT_NE(again.status().message().find(absl::StrCat("records ", seq, "..", seq)),
+                std::string::npos)
+          << again.status();
+      const VerifyReport after = *VerifyLog(dir_, vk, {});  // nothing was signed
+      EXPECT_FALSE(after.failure.has_value()) << after.failure->ToString();
+      EXPECT_EQ(after.uncovered, 1u);
+    } else {
+      EXPECT_TRUE(AuditLog::Open(Options()).ok());
+    }
+  }
+}
+
+// After a crash the last records may have no checkpoint yet, and a record appended to such a
+// log cannot be told from them. The next start takes them over with a `tail_adopted` record
+// naming exactly those seqs, which verify reports; a log without such a tail gets none (twin).
+TEST_F(AuditLogTest, ACrashTailIsTakenOverByANamedRecordNotSignedInSilence) {
+  for (const bool crash : {false, true}) {
+    SCOPED_TRACE(crash ? "crash image with records after the last checkpoint" : "clean twin");
+    fs::remove_all(dir_);
+    {
+      auto log = *AuditLog::Open(Options());  // a checkpoint every 5 records
+      for (uint64_t i = 0; i < 7; ++i) ASSERT_TRUE(log->Append(Violation(i)).ok());
+    }
+    uint64_t first = 0, last = 0;
+    if (crash) {
+      // The image a crash before Close leaves: drop service_stop and its checkpoint, then let
+      // someone append one more record.
+      std::vector<std::string> lines = Lines();
+      lines.resize(lines.size() - 2);
+      {
+        std::ofstream out(dir_ + "/" + FileName(1), std::ios::trunc);
+        for (const std::string& l : lines) out << l << "\n";
+      }
+      const VerifyingKey vk = *VerifyingKey::FromPem(key_->PublicKeyPem());
+      const VerifyReport before = *VerifyLog(dir_, vk, {});
+      ASSERT_GT(before.uncovered, 0u);
+      first = before.records - before.uncovered;
+      last = AppendForged(dir_ + "/" + FileName(1), Records());
+    }
+    { ASSERT_TRUE(AuditLog::Open(Options()).ok()); }
+    const VerifyingKey vk = *VerifyingKey::FromPem(key_->PublicKeyPem());
+    const VerifyReport report = *VerifyLog(dir_, vk, {});
+    ASSERT_FALSE(report.failure.has_value()) << report.failure->ToString();
+    EXPECT_EQ(report.uncovered, 0u);
+    if (crash) {
+      ASSERT_EQ(report.adoptions.size(), 1u);
+      EXPECT_EQ(report.adoptions[0].first, first);
+      EXPECT_EQ(report.adoptions[0].last, last);
+      EXPECT_EQ(report.adoptions[0].seq, last + 1);  // right after them, before anything else
+      EXPECT_NE(Summary(report).find(
+                    absl::StrCat("records ", first, "..", last, " were taken over unsigned")),
+                std::string::npos)
+          << Summary(report);
+    } else {
+      EXPECT_TRUE(report.adoptions.empty());
+    }
+  }
+}
+
+// A tail_adopted record must name exactly the records after the last checkpoint: one that
+// understates them (hiding a forged record among signed ones) fails verification.
+TEST_F(AuditLogTest, ATailAdoptedRecordMustNameTheWholeTail) {
+  for (const bool honest : {true, false}) {
+    SCOPED_TRACE(honest ? "names seq 0..1" : "names seq 1..1");
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    std::ofstream(dir_ + "/log-id") << "0123456789abcdef0123456789abcdef\n";
+    std::ofstream out(dir_ + "/" + FileName(1));
+    Hash prev{};
+    for (uint64_t seq = 0; seq < 3; ++seq) {
+      Event e = Violation(seq);
+      if (seq == 2) {
+        e = Event{};
+        e.type = "tail_adopted";
+        e.detail = honest ? TailAdoptedDetail(0, 1) : TailAdoptedDetail(1, 1);
+      }
+      e.time_ns = 1000 + static_cast<int64_t>(seq);
+      Hash hash;
+      out << FormatRecord(e, seq, "forger", prev, &hash) << "\n";
+      prev = hash;
+    }
+    out.close();
+    const VerifyingKey vk = *VerifyingKey::FromPem(key_->PublicKeyPem());
+    const VerifyReport report = *VerifyLog(dir_, vk, {});
+    if (honest) {
+      EXPECT_FALSE(report.failure.has_value()) << report.failure->ToString();
+      ASSERT_EQ(report.adoptions.size(), 1u);
+    } else {
+      ASSERT_TRUE(report.failure.has_value());
+      EXPECT_NE(report.failure->why.find("tail_adopted"), std::string::npos);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvguard::audit
