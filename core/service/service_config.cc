@@ -6,6 +6,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "audit/hex.h"
 #include "audit/merkle.h"
 #include "nlohmann/json.hpp"
 
@@ -59,18 +60,12 @@ std::string DigestText(const KeyDigest& digest) {
 }
 
 absl::StatusOr<KeyDigest> ParseDigestText(std::string_view text) {
-  const auto bad = [&] {
-    return absl::InvalidArgumentError("must be \"sha256:\" followed by 64 hex digits");
-  };
-  if (text.substr(0, kDigestPrefixSize) != kDigestPrefix) return bad();
-  const std::string hex(text.substr(kDigestPrefixSize));
-  if (hex.size() != 64) return bad();
-  for (char c : hex) {
-    if (!absl::ascii_isxdigit(static_cast<unsigned char>(c))) return bad();
-  }
-  const std::string bytes = absl::HexStringToBytes(hex);
+  // One spelling, as DigestText writes it and as the audit log's hashes have (audit/hex.h).
   KeyDigest d;
-  std::copy(bytes.begin(), bytes.end(), d.begin());
+  if (text.substr(0, kDigestPrefixSize) != kDigestPrefix ||
+      !audit::ParseLowerHex(text.substr(kDigestPrefixSize), d)) {
+    return absl::InvalidArgumentError("must be \"sha256:\" followed by 64 lowercase hex digits");
+  }
   return d;
 }
 

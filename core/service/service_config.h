@@ -5,7 +5,7 @@
 // One JSON file holds both (unknown keys are errors naming the field):
 //   {"tenants": [
 //     {"name": "acme", "mode": "strict", "quarantine_after": 3,
-//      "api_keys": ["sha256:<64 hex digits>"],
+//      "api_keys": ["sha256:<64 lowercase hex digits>"],
 //      "limits": {"concurrent_requests": 8, "tokens_per_request": 1024, "kv_page_quota": 512}},
 //     {"name": "beta", "api_keys": ["sha256:..."]}]}
 // `name`, `mode` and `quarantine_after` are TenantPolicy's; `api_keys` (at least one, unique
@@ -66,7 +66,8 @@ struct ServiceConfig {
 KeyDigest KeyDigestOf(std::string_view api_key);
 // DigestText returns "sha256:<hex>", the config file's form of `digest`.
 std::string DigestText(const KeyDigest& digest);
-// ParseDigestText is DigestText's inverse: InvalidArgument unless "sha256:" + 64 hex digits.
+// ParseDigestText is DigestText's inverse: InvalidArgument unless "sha256:" + 64 lowercase hex
+// digits (one spelling, as audit/hex.h reads hashes).
 absl::StatusOr<KeyDigest> ParseDigestText(std::string_view text);
 
 // DigestsEqual compares two digests in constant time.
