@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -188,23 +189,52 @@ std::optional<ApiError> CheckFields(const json& doc, bool chat) {
   return std::nullopt;
 }
 
-// ReadTokenIds reads a prompt given as token ids: integers in [0, limits.vocab_size).
-std::optional<ApiError> ReadTokenIds(const json& ids, const RequestLimits& limits,
-                                     std::vector<int>* out) {
+// ReadTokenIds reads the token ids of field `param` (a prompt, or /detokenize's tokens):
+// integers in [0, limits.vocab_size), at most limits.max_prompt_bytes of them.
+std::optional<ApiError> ReadTokenIds(const json& ids, const std::string& param,
+                                     const RequestLimits& limits, std::vector<int>* out) {
   if (ids.size() > limits.max_prompt_bytes) {
     ApiError e = Invalid(
-        "prompt", absl::StrCat("the prompt has more than ", limits.max_prompt_bytes, " tokens"));
+        param, absl::StrCat("'", param, "' has more than ", limits.max_prompt_bytes, " tokens"));
     e.code = "context_length_exceeded";
     return e;
   }
   for (const json& id : ids) {
-    if (!id.is_number_integer()) return WrongType("prompt", "an array of integer token ids");
+    if (!id.is_number_integer()) return WrongType(param, "an array of integer token ids");
     const int64_t v = id.get<int64_t>();
     if (v < 0 || v >= limits.vocab_size) {
-      return Invalid("prompt", absl::StrCat("token id ", v, " is outside the vocabulary [0, ",
-                                            limits.vocab_size, ")"));
+      return Invalid(param, absl::StrCat("'", param, "' holds token id ", v,
+                                         ", outside the vocabulary [0, ", limits.vocab_size, ")"));
     }
     out->push_back(static_cast<int>(v));
+  }
+  return std::nullopt;
+}
+
+// ParseBody parses a request body into *doc: valid UTF-8 holding one JSON object, as every API
+// route that takes a body requires.
+std::optional<ApiError> ParseBody(std::string_view body, json* doc) {
+  if (!IsValidUtf8(body)) return Invalid("", "the request body is not valid UTF-8");
+  *doc = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (doc->is_discarded()) return Invalid("", "the request body is not valid JSON");
+  if (!doc->is_object()) return Invalid("", "the request body must be a JSON object");
+  return std::nullopt;
+}
+
+// ReadModel reads the required `model` into *out; 404 model_not_found unless it is the one
+// served.
+std::optional<ApiError> ReadModel(const json& doc, const RequestLimits& limits, std::string* out) {
+  auto model = doc.find("model");
+  if (model == doc.end()) return Invalid("model", "'model' is required");
+  if (!model->is_string()) return WrongType("model", "a string");
+  *out = model->get<std::string>();
+  if (*out != limits.model) {
+    ApiError e =
+        Invalid("model", absl::StrCat("the model '", *out, "' does not exist (this server has '",
+                                      limits.model, "')"));
+    e.status = 404;
+    e.code = "model_not_found";
+    return e;
   }
   return std::nullopt;
 }
@@ -291,26 +321,12 @@ std::string RenderChat(const std::vector<std::pair<std::string, std::string>>& m
 std::optional<ApiError> ParseCompletionRequest(std::string_view body, bool chat,
                                                const RequestLimits& limits,
                                                CompletionRequest* out) {
-  if (!IsValidUtf8(body)) return Invalid("", "the request body is not valid UTF-8");
-  const json doc = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) return Invalid("", "the request body is not valid JSON");
-  if (!doc.is_object()) return Invalid("", "the request body must be a JSON object");
+  json doc;
+  if (auto e = ParseBody(body, &doc)) return e;
   if (auto e = CheckFields(doc, chat)) return e;
   CompletionRequest r;
   r.chat = chat;
-
-  auto model = doc.find("model");
-  if (model == doc.end()) return Invalid("model", "'model' is required");
-  if (!model->is_string()) return WrongType("model", "a string");
-  r.model = model->get<std::string>();
-  if (r.model != limits.model) {
-    ApiError e =
-        Invalid("model", absl::StrCat("the model '", r.model, "' does not exist (this server has '",
-                                      limits.model, "')"));
-    e.status = 404;
-    e.code = "model_not_found";
-    return e;
-  }
+  if (auto e = ReadModel(doc, limits, &r.model)) return e;
 
   if (chat) {
     auto messages = doc.find("messages");
@@ -355,7 +371,7 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, bool chat,
     } else if (prompt->is_string()) {
       r.prompt = prompt->get<std::string>();
     } else if (ids != nullptr) {
-      if (auto e = ReadTokenIds(*ids, limits, &r.prompt_tokens)) return e;
+      if (auto e = ReadTokenIds(*ids, "prompt", limits, &r.prompt_tokens)) return e;
     } else {
       return WrongType("prompt",
                        "a string, an array of one string, or an array of token ids (or of one)");
@@ -583,6 +599,100 @@ json UsageChunkBody(const CompletionRequest& request, std::string_view id, int64
   body["choices"] = json::array();
   body["usage"] = UsageJson(usage);
   return body;
+}
+
+namespace {
+
+// CheckOnly refuses every field of `doc` not in `known` (unsupported_parameter): /tokenize and
+// /detokenize implement every field they accept, so none has a no-effect value to allow.
+std::optional<ApiError> CheckOnly(const json& doc, std::initializer_list<std::string_view> known,
+                                  const char* on) {
+  for (const auto& item : doc.items()) {
+    const std::string& name = item.key();
+    if (std::find(known.begin(), known.end(), name) == known.end()) return Unsupported(name, on);
+  }
+  return std::nullopt;
+}
+
+// ReadBool reads an optional boolean field (null = absent) into *out.
+std::optional<ApiError> ReadBool(const json& doc, const char* name, bool* out) {
+  auto it = doc.find(name);
+  if (it == doc.end() || it->is_null()) return std::nullopt;
+  if (!it->is_boolean()) return WrongType(name, "a boolean");
+  *out = it->get<bool>();
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<ApiError> ParseTokenizeRequest(std::string_view body, const RequestLimits& limits,
+                                             TokenizeRequest* out) {
+  json doc;
+  if (auto e = ParseBody(body, &doc)) return e;
+  // vLLM's chat form renders `messages` with the model's chat template: it comes here with chat
+  // templates, and until then is refused rather than tokenized as something else.
+  if (doc.contains("messages")) {
+    return Unsupported("messages", " on /tokenize: its chat form comes with chat templates");
+  }
+  if (auto e = CheckOnly(doc, {"model", "prompt", "add_special_tokens", "return_token_strs"},
+                         " on /tokenize")) {
+    return e;
+  }
+  TokenizeRequest r;
+  if (auto e = ReadModel(doc, limits, &r.model)) return e;
+  auto prompt = doc.find("prompt");
+  if (prompt == doc.end()) return Invalid("prompt", "'prompt' is required");
+  // A string only: ids are what /tokenize returns, and the empty string is a valid question
+  // (its answer is BOS alone), as in vLLM.
+  if (!prompt->is_string()) return WrongType("prompt", "a string");
+  r.prompt = prompt->get<std::string>();
+  if (r.prompt.size() > limits.max_prompt_bytes) {
+    ApiError e = Invalid(
+        "prompt", absl::StrCat("the prompt is longer than ", limits.max_prompt_bytes, " bytes"));
+    e.code = "context_length_exceeded";
+    return e;
+  }
+  if (auto e = ReadBool(doc, "add_special_tokens", &r.add_special_tokens)) return e;
+  if (auto e = ReadBool(doc, "return_token_strs", &r.return_token_strs)) return e;
+  *out = std::move(r);
+  return std::nullopt;
+}
+
+json TokenizeBody(const TokenizeRequest& request, const Tokenizer& tokenizer,
+                  std::span<const int> tokens, int max_model_len) {
+  json strs = nullptr;
+  if (request.return_token_strs) {
+    strs = json::array();
+    for (const int id : tokens) strs.push_back(TokenText(tokenizer.DecodeToken(id)));
+  }
+  return json{{"count", tokens.size()},
+              {"max_model_len", max_model_len},
+              {"tokens", std::vector<int>(tokens.begin(), tokens.end())},
+              {"token_strs", strs}};
+}
+
+std::optional<ApiError> ParseDetokenizeRequest(std::string_view body, const RequestLimits& limits,
+                                               DetokenizeRequest* out) {
+  json doc;
+  if (auto e = ParseBody(body, &doc)) return e;
+  if (auto e = CheckOnly(doc, {"model", "tokens"}, " on /detokenize")) return e;
+  DetokenizeRequest r;
+  if (auto e = ReadModel(doc, limits, &r.model)) return e;
+  auto tokens = doc.find("tokens");
+  if (tokens == doc.end()) return Invalid("tokens", "'tokens' is required");
+  if (!tokens->is_array()) return WrongType("tokens", "an array of integer token ids");
+  if (auto e = ReadTokenIds(*tokens, "tokens", limits, &r.tokens)) return e;
+  *out = std::move(r);
+  return std::nullopt;
+}
+
+json DetokenizeBody(const Tokenizer& tokenizer, std::span<const int> tokens) {
+  // Decode's bytes may cut a character (ids are anyone's choice); the stream decoder that makes
+  // generated text valid UTF-8 does the same here, so both agree on every byte sequence.
+  Utf8StreamDecoder utf8;
+  std::string text = utf8.Push(tokenizer.Decode(tokens));
+  text += utf8.Flush();
+  return json{{"prompt", text}};
 }
 
 }  // namespace kvguard::core

@@ -1,6 +1,7 @@
 // core/service/openai_api.h: the OpenAI-compatible wire format of `kvguard serve`, apart from any
-// socket: request parsing and validation (/v1/completions, /v1/chat/completions), response and
-// stream-chunk bodies, server-sent events, and the error body every refusal carries:
+// socket: request parsing and validation (/v1/completions, /v1/chat/completions, /tokenize,
+// /detokenize), response and stream-chunk bodies, server-sent events, and the error body every
+// refusal carries:
 //   {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
 // Everything here is pure (no engine, no I/O), so tests drive it with strings.
 #ifndef KVGUARD_CORE_SERVICE_OPENAI_API_H_
@@ -83,6 +84,45 @@ struct RequestLimits {
 // emits).
 std::optional<ApiError> ParseCompletionRequest(std::string_view body, bool chat,
                                                const RequestLimits& limits, CompletionRequest* out);
+
+// TokenizeRequest is a validated /tokenize request (vLLM's completion form).
+struct TokenizeRequest {
+  std::string model;
+  std::string prompt;
+  bool add_special_tokens = true;  // BOS, as /v1/completions encodes a text prompt
+  bool return_token_strs = false;
+};
+
+// ParseTokenizeRequest validates `body` (JSON) for /tokenize into *out: {"model", "prompt": a
+// string, "add_special_tokens": bool, "return_token_strs": bool}. Returns nullopt on success,
+// else the error naming the field, with ParseCompletionRequest's body and model checks (the same
+// errors). vLLM's chat form (`messages`) and every other field are refused (unsupported_parameter).
+std::optional<ApiError> ParseTokenizeRequest(std::string_view body, const RequestLimits& limits,
+                                             TokenizeRequest* out);
+
+// TokenizeBody returns /tokenize's response for `tokens` (the prompt's ids, encoded as
+// /v1/completions encodes it): {"count", "max_model_len" (the model's context, in tokens),
+// "tokens", "token_strs"}; token_strs is null unless request.return_token_strs, else each token
+// named as `logprobs` names it (its text; "" for a special token such as BOS).
+nlohmann::json TokenizeBody(const TokenizeRequest& request, const Tokenizer& tokenizer,
+                            std::span<const int> tokens, int max_model_len);
+
+// DetokenizeRequest is a validated /detokenize request.
+struct DetokenizeRequest {
+  std::string model;
+  std::vector<int> tokens;
+};
+
+// ParseDetokenizeRequest validates `body` (JSON) for /detokenize into *out: {"model", "tokens":
+// an array of integer ids in [0, limits.vocab_size), at most limits.max_prompt_bytes of them}.
+// Returns nullopt on success, else the error naming the field (body and model checks as
+// ParseCompletionRequest's).
+std::optional<ApiError> ParseDetokenizeRequest(std::string_view body, const RequestLimits& limits,
+                                               DetokenizeRequest* out);
+
+// DetokenizeBody returns /detokenize's response, {"prompt": the text of `tokens`}: Decode's
+// bytes made valid UTF-8 as generated text is (each ill-formed piece becomes one U+FFFD).
+nlohmann::json DetokenizeBody(const Tokenizer& tokenizer, std::span<const int> tokens);
 
 // RenderChat turns chat messages into one prompt: "<role>: <content>\n" per message, then
 // "assistant: ". The built-in models have no chat template of their own; a GGUF model's

@@ -258,6 +258,7 @@ struct Server::Impl {
   }
 
   void HandleCompletion(const httplib::Request& req, httplib::Response& res, bool chat);
+  void HandleTokenize(const httplib::Request& req, httplib::Response& res, bool detokenize);
   void StreamResponse(httplib::Response& res, RequestId id, CompletionRequest request,
                       std::shared_ptr<Stream> stream, std::shared_ptr<Admission> admission,
                       std::string tenant, int prompt_n, Clock::time_point start);
@@ -538,6 +539,47 @@ void Server::Impl::SetupApi() {
                     "application/json");
     Count(tenant->name, "/v1/models", 200);
   });
+  api.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleTokenize(req, res, /*detokenize=*/false);
+  });
+  api.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    HandleTokenize(req, res, /*detokenize=*/true);
+  });
+}
+
+// HandleTokenize answers /tokenize, or /detokenize when `detokenize` (vLLM's shapes). Neither
+// reaches the engine, so there is no admission and nothing to log beyond the route's count.
+void Server::Impl::HandleTokenize(const httplib::Request& req, httplib::Response& res,
+                                  bool detokenize) {
+  const std::string route = detokenize ? "/detokenize" : "/tokenize";
+  std::optional<ServiceTenant> tenant = Authenticate(req, res);
+  if (!tenant) return Count("", route, res.status);
+  RequestLimits limits;
+  limits.model = options.model_name;
+  limits.max_prompt_bytes = options.max_body_bytes;
+  limits.vocab_size = engine->model().config().vocab_size;
+  std::optional<ApiError> error;
+  json body;
+  if (detokenize) {
+    DetokenizeRequest request;
+    error = ParseDetokenizeRequest(req.body, limits, &request);
+    if (!error) body = DetokenizeBody(*tokenizer, request.tokens);
+  } else {
+    TokenizeRequest request;
+    error = ParseTokenizeRequest(req.body, limits, &request);
+    // The call HandleCompletion makes for a text prompt, so the ids are the ones a completion
+    // of the same prompt feeds the engine.
+    if (!error) {
+      const std::vector<int> ids = tokenizer->Encode(request.prompt, request.add_special_tokens);
+      body = TokenizeBody(request, *tokenizer, ids, engine->model().config().max_context);
+    }
+  }
+  if (error) {
+    Reply(res, *error);
+    return Count(tenant->name, route, error->status);
+  }
+  res.set_content(Dump(body), "application/json");
+  Count(tenant->name, route, 200);
 }
 
 json Server::Impl::TenantsJson() const {

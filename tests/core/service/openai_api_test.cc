@@ -449,5 +449,153 @@ TEST(OpenAiApiTest, ErrorBodyCarriesTheRequestId) {
   EXPECT_FALSE(json::parse(ErrorBody(e))["error"].contains("request_id"));
 }
 
+// A refusal of /tokenize or /detokenize and its twin: the same request put right, accepted.
+struct TokenizerCase {
+  const char* name;
+  bool detokenize;
+  std::string body;
+  int status;
+  std::string param;
+  std::string code;
+  std::string twin;
+};
+
+std::string Repeat(const std::string& s, int n) {
+  std::string out;
+  for (int i = 0; i < n; ++i) out += s;
+  return out;
+}
+
+std::optional<ApiError> ParseTokenizerBody(bool detokenize, const std::string& body) {
+  if (detokenize) {
+    DetokenizeRequest r;
+    return ParseDetokenizeRequest(body, Limits(), &r);
+  }
+  TokenizeRequest r;
+  return ParseTokenizeRequest(body, Limits(), &r);
+}
+
+TEST(OpenAiApiTest, TokenizeAndDetokenizeRefuseBadRequestsAndAcceptTheirTwins) {
+  const std::string ok_tok = R"({"model": "small", "prompt": "hi"})";
+  const std::string ok_detok = R"({"model": "small", "tokens": [104, 105]})";
+  const TokenizerCase cases[] = {
+      {"not json", false, "{\"model\": ", 400, "", "invalid_value", ok_tok},
+      {"not an object", true, "[1, 2]", 400, "", "invalid_value", ok_detok},
+      {"invalid utf-8", false, "{\"model\": \"small\", \"prompt\": \"\xC3\x28\"}", 400, "",
+       "invalid_value", "{\"model\": \"small\", \"prompt\": \"\xC3\xA9\"}"},
+      {"no model", false, R"({"prompt": "hi"})", 400, "model", "invalid_value", ok_tok},
+      {"model not string", true, R"({"model": 3, "tokens": [1]})", 400, "model", "invalid_type",
+       ok_detok},
+      {"unknown model", false, R"({"model": "gpt-5", "prompt": "hi"})", 404, "model",
+       "model_not_found", ok_tok},
+      {"unknown model (detokenize)", true, R"({"model": "gpt-5", "tokens": [1]})", 404, "model",
+       "model_not_found", ok_detok},
+      {"no prompt", false, R"({"model": "small"})", 400, "prompt", "invalid_value", ok_tok},
+      {"prompt of ids", false, R"({"model": "small", "prompt": [1, 2]})", 400, "prompt",
+       "invalid_type", R"({"model": "small", "prompt": ""})"},
+      {"prompt too long", false, R"({"model": "small", "prompt": ")" + std::string(65, 'x') + "\"}",
+       400, "prompt", "context_length_exceeded",
+       R"({"model": "small", "prompt": ")" + std::string(64, 'x') + "\"}"},
+      {"add_special_tokens not bool", false,
+       R"({"model": "small", "prompt": "hi", "add_special_tokens": 1})", 400, "add_special_tokens",
+       "invalid_type", R"({"model": "small", "prompt": "hi", "add_special_tokens": false})"},
+      {"return_token_strs not bool", false,
+       R"({"model": "small", "prompt": "hi", "return_token_strs": "yes"})", 400,
+       "return_token_strs", "invalid_type",
+       R"({"model": "small", "prompt": "hi", "return_token_strs": true})"},
+      {"chat form", false, R"({"model": "small", "messages": [{"role": "user", "content": "hi"}]})",
+       400, "messages", "unsupported_parameter", ok_tok},
+      {"unknown field", false,
+       R"({"model": "small", "prompt": "hi", "add_generation_prompt": true})", 400,
+       "add_generation_prompt", "unsupported_parameter", ok_tok},
+      {"completion field", false, R"({"model": "small", "prompt": "hi", "max_tokens": 1})", 400,
+       "max_tokens", "unsupported_parameter", ok_tok},
+      {"unknown field (detokenize)", true, R"({"model": "small", "tokens": [1], "prompt": "x"})",
+       400, "prompt", "unsupported_parameter", ok_detok},
+      {"no tokens", true, R"({"model": "small"})", 400, "tokens", "invalid_value", ok_detok},
+      {"tokens not array", true, R"({"model": "small", "tokens": "hi"})", 400, "tokens",
+       "invalid_type", R"({"model": "small", "tokens": []})"},
+      {"token not integer", true, R"({"model": "small", "tokens": [1, 2.5]})", 400, "tokens",
+       "invalid_type", R"({"model": "small", "tokens": [1, 2]})"},
+      {"token string", true, R"({"model": "small", "tokens": ["1"]})", 400, "tokens",
+       "invalid_type", R"({"model": "small", "tokens": [1]})"},
+      {"token outside the vocabulary", true, R"({"model": "small", "tokens": [300]})", 400,
+       "tokens", "invalid_value", R"({"model": "small", "tokens": [299]})"},
+      {"negative token", true, R"({"model": "small", "tokens": [-1]})", 400, "tokens",
+       "invalid_value", R"({"model": "small", "tokens": [0]})"},
+      {"nested tokens", true, R"({"model": "small", "tokens": [[1]]})", 400, "tokens",
+       "invalid_type", R"({"model": "small", "tokens": [1]})"},
+      {"too many tokens", true, R"({"model": "small", "tokens": [)" + Repeat("1, ", 64) + "1]}",
+       400, "tokens", "context_length_exceeded",
+       R"({"model": "small", "tokens": [)" + Repeat("1, ", 63) + "1]}"},
+  };
+  for (const TokenizerCase& c : cases) {
+    std::optional<ApiError> e = ParseTokenizerBody(c.detokenize, c.body);
+    ASSERT_TRUE(e.has_value()) << c.name;
+    EXPECT_EQ(e->status, c.status) << c.name;
+    EXPECT_EQ(e->param, c.param) << c.name << ": " << e->message;
+    EXPECT_EQ(e->code, c.code) << c.name << ": " << e->message;
+    if (!c.param.empty()) {
+      EXPECT_NE(e->message.find(c.param), std::string::npos) << e->message;
+    }
+    std::optional<ApiError> twin = ParseTokenizerBody(c.detokenize, c.twin);
+    EXPECT_EQ(twin, std::nullopt) << c.name << ": " << (twin ? twin->message : "");
+  }
+}
+
+TEST(OpenAiApiTest, ReadsTokenizeRequests) {
+  TokenizeRequest r;
+  ASSERT_EQ(ParseTokenizeRequest(R"({"model": "small", "prompt": "h\u00e9"})", Limits(), &r),
+            std::nullopt);
+  EXPECT_EQ(r.model, "small");
+  EXPECT_EQ(r.prompt, "h\xC3\xA9");
+  EXPECT_TRUE(r.add_special_tokens);  // vLLM's default: BOS, as completions add it
+  EXPECT_FALSE(r.return_token_strs);
+  ASSERT_EQ(ParseTokenizeRequest(R"({"model": "small", "prompt": "x", "add_special_tokens": false,
+                                     "return_token_strs": true})",
+                                 Limits(), &r),
+            std::nullopt);
+  EXPECT_FALSE(r.add_special_tokens);
+  EXPECT_TRUE(r.return_token_strs);
+  // Null (as some clients send for absent fields) keeps the default.
+  ASSERT_EQ(ParseTokenizeRequest(R"({"model": "small", "prompt": "x", "add_special_tokens": null})",
+                                 Limits(), &r),
+            std::nullopt);
+  EXPECT_TRUE(r.add_special_tokens);
+
+  DetokenizeRequest d;
+  ASSERT_EQ(
+      ParseDetokenizeRequest(R"({"model": "small", "tokens": [256, 104, 299]})", Limits(), &d),
+      std::nullopt);
+  EXPECT_EQ(d.tokens, (std::vector<int>{256, 104, 299}));
+}
+
+TEST(OpenAiApiTest, TokenizeAndDetokenizeShapes) {
+  auto tokenizer = ByteTokenizer::Create(300);
+  ASSERT_TRUE(tokenizer.ok());
+  const ByteTokenizer& t = **tokenizer;
+  TokenizeRequest r;
+  r.prompt = "h\xC3\xA9";
+  const std::vector<int> ids = t.Encode(r.prompt, /*add_bos=*/true);
+  json body = TokenizeBody(r, t, ids, 512);
+  EXPECT_EQ(body["count"], 4);
+  EXPECT_EQ(body["max_model_len"], 512);
+  EXPECT_EQ(body["tokens"], json({256, 104, 0xC3, 0xA9}));
+  EXPECT_TRUE(body["token_strs"].is_null());
+  r.return_token_strs = true;
+  body = TokenizeBody(r, t, ids, 512);
+  // Named as logprobs name tokens: BOS has no text; half a character is shown as its bytes.
+  EXPECT_EQ(body["token_strs"], json({"", "h", "bytes:\\xc3", "bytes:\\xa9"}));
+
+  // The round trip; BOS contributes no text.
+  EXPECT_EQ(DetokenizeBody(t, ids)["prompt"], "h\xC3\xA9");
+  EXPECT_EQ(DetokenizeBody(t, {})["prompt"], "");
+  // Ids that cut a character still give valid UTF-8: each ill-formed piece is one U+FFFD.
+  const std::vector<int> cut = {104, 0xC3};
+  EXPECT_EQ(DetokenizeBody(t, cut)["prompt"], "h\xEF\xBF\xBD");
+  const std::vector<int> stray = {0xA9, 105};
+  EXPECT_EQ(DetokenizeBody(t, stray)["prompt"], "\xEF\xBF\xBDi");
+}
+
 }  // namespace
 }  // namespace kvguard::core
