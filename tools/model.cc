@@ -13,6 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "core/gguf/gguf.h"
 #include "core/model/gguf_weight_source.h"
+#include "core/text/chat_template.h"
+#include "core/text/gguf_chat_template.h"
 #include "core/text/gguf_tokenizer.h"
 #include "kernels/formats.h"
 #include "tools/commands.h"
@@ -28,8 +30,9 @@ int ModelUsage(const std::string& error) {
       stderr,
       "usage: kvguard model inspect PATH.gguf [--int4-group G]\n"
       "  prints the architecture, shapes, tensor types, tokenizer (and its\n"
-      "  pre-tokenizer), the weight bytes in each engine format after conversion and\n"
-      "  the KV cache bytes per token\n"
+      "  pre-tokenizer, tokenizer.ggml.pre), whether it carries a chat template,\n"
+      "  the weight bytes in each engine format after conversion and the KV\n"
+      "  cache bytes per token\n"
       "  --int4-group G   the INT4 group asked for: 32, 64, 128 (default)\n"
       "       kvguard model tokenize PATH.gguf (--text T | --file F) [--no-bos] [--pieces]\n"
       "  prints the token ids of the text as a JSON array (see --help after tokenize)\n"
@@ -50,6 +53,21 @@ std::string TokenizerLine(const core::gguf::File& f) {
   return tok.ok() ? (*tok)->Summary() : absl::StrCat("unusable: ", tok.status().message());
 }
 
+// ChatTemplateLine: whether the file carries a chat template (what `kvguard serve` applies to
+// chat requests unless --chat-template replaces it), and whether it parses.
+std::string ChatTemplateLine(const core::gguf::File& f) {
+  absl::StatusOr<core::GgufChatTemplate> t = core::ReadGgufChatTemplate(f);
+  if (!t.ok()) return absl::StrCat("unusable: ", t.status().message());
+  if (!t->source.has_value()) {
+    return "none (tokenizer.chat_template absent: chats get \"role: content\" lines)";
+  }
+  absl::StatusOr<core::ChatTemplate> parsed = core::ChatTemplate::Parse(*t->source);
+  return absl::StrCat(
+      "found (tokenizer.chat_template, ", t->source->size(), " bytes",
+      parsed.ok() ? "" : absl::StrCat("; does not parse: ", parsed.status().message()), "), BOS '",
+      t->bos_token, "', EOS '", t->eos_token, "'");
+}
+
 int Inspect(const std::string& path, int int4_group) {
   absl::StatusOr<std::unique_ptr<core::GgufWeightSource>> source =
       core::GgufWeightSource::Open(path);
@@ -59,6 +77,7 @@ int Inspect(const std::string& path, int int4_group) {
     if (absl::StatusOr<std::unique_ptr<core::gguf::File>> f = core::gguf::File::Open(path);
         f.ok()) {
       std::printf("tokenizer     %s\n", TokenizerLine(**f).c_str());
+      std::printf("chat template %s\n", ChatTemplateLine(**f).c_str());
       std::fflush(stdout);
     }
     std::fprintf(stderr, "kvguard model inspect: %s\n",
@@ -83,6 +102,7 @@ int Inspect(const std::string& path, int int4_group) {
       c.max_context, c.rope_theta, c.norm_eps, c.tied_embeddings ? "tied" : "untied",
       c.ParameterCount() / 1e6);
   std::printf("tokenizer     %s\n", TokenizerLine(f).c_str());
+  std::printf("chat template %s\n", ChatTemplateLine(f).c_str());
 
   std::printf("\ntensors (name, stored type, shape ne[0] x ne[1], bytes):\n");
   std::map<std::string, std::pair<int, uint64_t>> by_type;

@@ -17,6 +17,7 @@
 #include "audit/private_file.h"
 #include "core/model/gguf_weight_source.h"
 #include "core/runtime.h"
+#include "core/service/chat_format.h"
 #include "core/service/server.h"
 #include "core/service/service_config.h"
 #include "tools/commands.h"
@@ -52,6 +53,10 @@ int ServeUsage(const std::string& error) {
       "                               admin unless --admin-host is loopback)\n"
       "  --max-header-count N         header lines per request (default 100; more: 431)\n"
       "  --max-header-bytes N         header bytes per request (default 32K; more: 431)\n"
+      "  --chat-template FILE         the chat template for /v1/chat/completions (Jinja,\n"
+      "                               at most 1 MiB), instead of a GGUF model's own\n"
+      "                               tokenizer.chat_template; any model (default: the\n"
+      "                               model's, else \"role: content\" lines)\n"
       "%s",
       kEngineFlagsHelp);
   return error.empty() ? 0 : 2;
@@ -110,7 +115,7 @@ absl::StatusOr<core::KeyDigest> ReadAdminKeyDigest(const std::string& path) {
 int RunServe(const std::vector<std::string>& argv) {
   core::RuntimeOptions options;
   core::ServerOptions so;
-  std::string demo_tenants, admin_key_file;
+  std::string demo_tenants, admin_key_file, chat_template_file;
   int shutdown_deadline_ms = 10000;
   Args a(argv);
   while (!a.done()) {
@@ -157,6 +162,8 @@ int RunServe(const std::vector<std::string>& argv) {
       std::optional<core::MetricsAuth> auth = core::ParseMetricsAuth(v);
       if (s.ok() && !auth) s = absl::InvalidArgumentError("--metrics-auth: admin or none");
       if (auth) so.metrics_auth = *auth;
+    } else if (a.Flag("--chat-template")) {
+      s = a.Value(&chat_template_file);
     } else if (a.Flag("--max-header-count")) {
       int n = 0;
       s = a.Int(&n, 1, 10000);
@@ -198,6 +205,16 @@ int RunServe(const std::vector<std::string>& argv) {
       so.model_name.resize(so.model_name.size() - 5);
     }
   }
+
+  // The chat template is parsed once, here: one that does not parse stops the start.
+  absl::StatusOr<core::ChatFormat> chat_format =
+      core::LoadChatFormat(options.model, chat_template_file);
+  if (!chat_format.ok()) {
+    std::fprintf(stderr, "kvguard serve: %s\n",
+                 std::string(chat_format.status().message()).c_str());
+    return 1;
+  }
+  so.chat_format = *std::move(chat_format);
 
   // The tenants file is the service's (api keys, limits): the engine gets its isolation part.
   absl::StatusOr<core::ServiceConfig> config = core::ServiceConfig::LoadFile(options.tenants_file);

@@ -6,6 +6,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "core/text/chat_prompt.h"
 #include "core/text/tokenizer.h"
 #include "core/text/utf8.h"
 
@@ -311,11 +312,28 @@ std::optional<std::string_view> BearerToken(std::string_view authorization) {
   return key;
 }
 
-std::string RenderChat(const std::vector<std::pair<std::string, std::string>>& messages) {
-  std::string out;
-  for (const auto& [role, content] : messages) absl::StrAppend(&out, role, ": ", content, "\n");
-  out += "assistant: ";
-  return out;
+std::optional<ApiError> TokenizePrompt(const Tokenizer& tokenizer, CompletionRequest* request,
+                                       std::vector<int>* ids) {
+  if (!request->prompt_tokens.empty()) {
+    *ids = std::move(request->prompt_tokens);
+    request->prompt_tokens.clear();
+  } else if (!request->templated) {
+    *ids = tokenizer.Encode(request->prompt, /*add_bos=*/true);
+  } else {
+    size_t failed = 0;
+    absl::StatusOr<std::vector<int>> encoded =
+        EncodeChatPrompt(tokenizer, request->prompt, request->client_texts, &failed);
+    if (!encoded.ok()) {
+      ApiError e =
+          Invalid(absl::StrCat("messages[", failed, "].content"),
+                  absl::StrCat("messages[", failed, "].content: ", encoded.status().message()));
+      e.code = "unsafe_chat_content";
+      return e;
+    }
+    *ids = *std::move(encoded);
+  }
+  if (request->prompt.empty()) request->prompt = tokenizer.Decode(*ids);  // echo, logs
+  return std::nullopt;
 }
 
 std::optional<ApiError> ParseCompletionRequest(std::string_view body, bool chat,
@@ -334,7 +352,14 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, bool chat,
     if (!messages->is_array() || messages->empty()) {
       return WrongType("messages", "a non-empty array");
     }
-    std::vector<std::pair<std::string, std::string>> turns;
+    const ChatFormat* format = limits.chat_format;
+    const bool templated = format != nullptr && format->chat_template != nullptr;
+    // A template sees the messages' keys in the client's order (`tojson`), which `doc` (sorted)
+    // lost: the body once more as ordered_json, only then.
+    nlohmann::ordered_json ordered;
+    if (templated)
+      ordered = nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr, false);
+    ChatInputs inputs;
     for (size_t i = 0; i < messages->size(); ++i) {
       const json& m = (*messages)[i];
       const std::string p = absl::StrCat("messages[", i, "]");
@@ -355,9 +380,42 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, bool chat,
       if (content == m.end()) return Invalid(p + ".content", "'content' is required");
       std::string text;
       if (auto e = ReadContent(*content, p + ".content", &text)) return e;
-      turns.emplace_back(rs, std::move(text));
+      // The template gets role and content only (null fields are absent, as everywhere in this
+      // API), content as one string (text parts joined), in the client's key order.
+      nlohmann::ordered_json message = nlohmann::ordered_json::object();
+      bool content_first = false;
+      if (templated && ordered.is_object()) {
+        const auto& om = ordered["messages"][i];
+        for (auto it = om.begin(); it != om.end(); ++it) {
+          if (it.key() == "content" || it.key() == "role") {
+            content_first = it.key() == "content";
+            break;
+          }
+        }
+      }
+      if (content_first) message["content"] = text;
+      message["role"] = rs;
+      message["content"] = text;
+      inputs.messages.push_back(std::move(message));
+      r.client_texts.push_back(std::move(text));
     }
-    r.prompt = RenderChat(turns);
+    if (templated) {
+      inputs.bos_token = format->bos_token;
+      inputs.eos_token = format->eos_token;
+      absl::StatusOr<std::string> rendered = RenderChat(*format->chat_template, inputs);
+      if (!rendered.ok()) {
+        ApiError e = Invalid("messages", absl::StrCat("the model's chat template refused the "
+                                                      "messages: ",
+                                                      rendered.status().message()));
+        e.code = "chat_template_error";
+        return e;
+      }
+      r.prompt = *std::move(rendered);
+      r.templated = true;
+    } else {
+      r.prompt = RenderPlainChat(inputs);
+      r.client_texts.clear();
+    }
   } else {
     auto prompt = doc.find("prompt");
     if (prompt == doc.end()) return Invalid("prompt", "'prompt' is required");

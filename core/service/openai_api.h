@@ -8,12 +8,14 @@
 #define KVGUARD_CORE_SERVICE_OPENAI_API_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "core/text/chat_template.h"
 #include "core/text/logprobs.h"
 #include "core/text/tokenizer.h"
 #include "nlohmann/json.hpp"
@@ -36,11 +38,16 @@ std::string ErrorBody(const ApiError& e);
 nlohmann::json ErrorJson(const ApiError& e);
 
 // CompletionRequest is a validated request. For chat, `prompt` is the rendered conversation
-// (RenderChat).
+// (the model's chat template, else RenderPlainChat).
 struct CompletionRequest {
   bool chat = false;
   std::string model;
   std::string prompt;
+  // Chat under a template: `prompt` is the template's text, whose control tokens become ids
+  // except inside the client's texts (the message contents), which EncodeChatPrompt keeps apart
+  // (core/text/chat_prompt.h). Otherwise the prompt is text and has no control tokens.
+  bool templated = false;
+  std::vector<std::string> client_texts;
   // Completions: the prompt as token ids, when given so (used as they are: no BOS is added);
   // `prompt` is then empty until the server decodes them.
   std::vector<int> prompt_tokens;
@@ -61,9 +68,18 @@ struct CompletionRequest {
 // The most alternatives completions' `logprobs` may ask for (chat's top_logprobs: 20).
 inline constexpr int kMaxCompletionLogprobs = 5;
 
+// ChatFormat: how chat messages become a prompt: the model's chat template (parsed once at start,
+// core/service/chat_format.h) with the BOS/EOS texts it is given; no template: RenderPlainChat.
+struct ChatFormat {
+  std::shared_ptr<const ChatTemplate> chat_template;
+  std::string bos_token;
+  std::string eos_token;
+};
+
 // RequestLimits are the bounds a request is validated against.
 struct RequestLimits {
-  std::string model;            // the one model served
+  const ChatFormat* chat_format = nullptr;  // null or no template: the plain rendering
+  std::string model;                        // the one model served
   int max_tokens = 2048;        // ceiling for max_tokens (the tenant's tokens_per_request)
   int default_max_tokens = 16;  // when the request gives none (OpenAI's completions default)
   size_t max_prompt_bytes = 1 << 20;
@@ -77,7 +93,8 @@ struct RequestLimits {
 // max_tokens < 1 (< 0 with echo) or above limits.max_tokens, temperature outside [0, 2],
 // top_p outside (0, 1], more than 4 stop sequences, n != 1, logprobs outside [0, 5]
 // (completions), top_logprobs outside [0, 20] or without logprobs (chat), an unknown model
-// (404 model_not_found). Fails closed: a field this server does not implement is refused
+// (404 model_not_found), a chat template that refuses the messages (raise_exception, a limit:
+// its message, param "messages"). Fails closed: a field this server does not implement is refused
 // (code "unsupported_parameter", or "unsupported_value" for one accepted only at the value
 // that changes nothing, such as presence_penalty 0), never ignored; README.md (API) lists
 // every field. Accepts vLLM's `ignore_eos` extension (generate max_tokens whatever the model
@@ -128,6 +145,14 @@ nlohmann::json DetokenizeBody(const Tokenizer& tokenizer, std::span<const int> t
 // "assistant: ". The built-in models have no chat template of their own; a GGUF model's
 // template is not applied (documented limitation).
 std::string RenderChat(const std::vector<std::pair<std::string, std::string>>& messages);
+
+// TokenizePrompt sets *ids to `request`'s prompt as token ids: the ids it came as, else the
+// text encoded (BOS added as the model says); a templated chat prompt through EncodeChatPrompt,
+// so that no client text becomes a control token. A prompt given as ids gets its text (echo,
+// logs). Returns the refusal (400 naming messages[N].content) when a message's control-token
+// text cannot be kept apart from the template's (core/text/chat_prompt.h), else nullopt.
+std::optional<ApiError> TokenizePrompt(const Tokenizer& tokenizer, CompletionRequest* request,
+                                       std::vector<int>* ids);
 
 // BearerToken returns the key of an "Authorization: Bearer KEY" header value, or nullopt.
 std::optional<std::string_view> BearerToken(std::string_view authorization);

@@ -300,14 +300,13 @@ void Server::Impl::HandleCompletion(const httplib::Request& req, httplib::Respon
   limits.default_max_tokens = options.default_max_tokens;
   limits.max_prompt_bytes = options.max_body_bytes;
   limits.vocab_size = engine->model().config().vocab_size;
+  limits.chat_format = &options.chat_format;
   CompletionRequest request;
   if (std::optional<ApiError> e = ParseCompletionRequest(req.body, chat, limits, &request)) {
     return refuse(*e);
   }
-  std::vector<int> prompt = request.prompt_tokens.empty()
-                                ? tokenizer->Encode(request.prompt, /*add_bos=*/true)
-                                : std::move(request.prompt_tokens);
-  if (request.prompt.empty()) request.prompt = tokenizer->Decode(prompt);  // echo, logs
+  std::vector<int> prompt;
+  if (std::optional<ApiError> e = TokenizePrompt(*tokenizer, &request, &prompt)) return refuse(*e);
   const int prompt_n = static_cast<int>(prompt.size());
   const int page_size = engine->pool().page_size();
   const int pages = (prompt_n + request.max_tokens + page_size - 1) / page_size;

@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "core/engine/engine.h"
 #include "core/service/http_policy.h"
+#include "core/service/openai_api.h"
 #include "core/service/service_config.h"
 #include "core/text/tokenizer.h"
 
@@ -54,6 +55,7 @@ struct ServerOptions {
   // the admin key unless admin_host is loopback.
   MetricsAuth metrics_auth = MetricsAuth::kAuto;
   HeaderLimits header_limits;  // both listeners; a request over them gets 431
+  ChatFormat chat_format;      // how chat messages become the prompt (chat_format.h)
 };
 
 class Server {

@@ -301,6 +301,11 @@ absl::StatusOr<std::unique_ptr<GgufTokenizer>> GgufTokenizer::Create(const gguf:
     rstrip = lower.find("phi-3") != std::string::npos || lower.find("phi3") != std::string::npos;
   }
   t->added_ = AddedTokens(std::move(added), rstrip);
+  std::vector<std::pair<std::string, int>> control;
+  for (size_t i = 0; i < vocab; ++i) {
+    if (t->special_[i]) control.emplace_back(t->tokens_[i], static_cast<int>(i));
+  }
+  t->control_ = AddedTokens(std::move(control));
   if (!spm) {
     for (int b = 0; b < 256; ++b) {
       t->byte_id_[b] = t->TokenId(t->byte_char_[b]);
@@ -362,24 +367,71 @@ struct GgufTokenizer::WordCache {
 std::vector<int> GgufTokenizer::Encode(std::string_view text, bool add_bos) const {
   std::vector<int> ids;
   if (add_bos && add_bos_ && bos_ >= 0) ids.push_back(bos_);
-  std::vector<AddedTokens::Fragment> fragments;
-  added_.Split(text, &fragments);
   WordCache cache;
   bool after_token = true;  // SPM: a space prefix at the start and after each added token
+  EncodeText(text, &after_token, &cache, &ids);
+  if (add_bos && add_eos_ && eos_ >= 0) ids.push_back(eos_);
+  return ids;
+}
+
+void GgufTokenizer::EncodeText(std::string_view text, bool* after_token, WordCache* cache,
+                               std::vector<int>* ids) const {
+  std::vector<AddedTokens::Fragment> fragments;
+  added_.Split(text, &fragments);
   for (const AddedTokens::Fragment& f : fragments) {
     if (f.id >= 0) {
-      ids.push_back(f.id);
-      after_token = true;
+      ids->push_back(f.id);
+      *after_token = true;
       continue;
     }
     if (kind_ == Kind::kSpm) {
-      EncodeSpm(f.text, add_space_prefix_ && after_token, &ids);
+      EncodeSpm(f.text, add_space_prefix_ && *after_token, ids);
     } else {
-      EncodeBpe(f.text, &cache, &ids);
+      EncodeBpe(f.text, cache, ids);
     }
-    after_token = false;
+    *after_token = false;
   }
-  if (add_bos && add_eos_ && eos_ >= 0) ids.push_back(eos_);
+}
+
+std::vector<std::string_view> GgufTokenizer::ControlTokenTexts() const {
+  std::vector<std::string_view> texts;
+  for (size_t i = 0; i < tokens_.size(); ++i) {
+    if (special_[i] && !tokens_[i].empty()) texts.push_back(tokens_[i]);
+  }
+  return texts;
+}
+
+std::vector<int> GgufTokenizer::EncodeTemplated(std::string_view text,
+                                                std::span<const TextSpan> untrusted) const {
+  // The control tokens found in the text, as llama.cpp's parse_special finds them (added_tokens.h
+  // order); one that overlaps client text is text like its neighbours. Between control tokens
+  // the text is encoded as a prompt is, so with no client text involved the ids are llama.cpp's
+  // `llama_tokenize(..., add_special=true, parse_special=true)` of the rendered prompt.
+  auto client = [&](size_t begin, size_t end) {
+    auto it = std::upper_bound(untrusted.begin(), untrusted.end(), begin,
+                               [](size_t pos, const TextSpan& s) { return pos < s.end; });
+    return it != untrusted.end() && it->begin < end;
+  };
+  std::vector<AddedTokens::Fragment> fragments;
+  control_.Split(text, &fragments);
+  std::vector<int> ids;
+  WordCache cache;
+  bool after_token = true;
+  size_t pending = 0;  // start of the text not yet encoded
+  for (const AddedTokens::Fragment& f : fragments) {
+    const size_t begin = static_cast<size_t>(f.text.data() - text.data());
+    const size_t end = begin + f.text.size();
+    if (f.id < 0 || client(begin, end)) continue;
+    EncodeText(text.substr(pending, begin - pending), &after_token, &cache, &ids);
+    ids.push_back(f.id);
+    after_token = true;
+    pending = end;
+  }
+  EncodeText(text.substr(pending), &after_token, &cache, &ids);
+  // A template that writes BOS itself ({{ bos_token }}) gets no second one (llama.cpp warns of
+  // the double BOS; Hugging Face's templates expect the tokenizer to add none then).
+  if (add_bos_ && bos_ >= 0 && (ids.empty() || ids.front() != bos_)) ids.insert(ids.begin(), bos_);
+  if (add_eos_ && eos_ >= 0) ids.push_back(eos_);
   return ids;
 }
 
@@ -576,15 +628,15 @@ std::string GgufTokenizer::Summary() const {
   auto name = [&](int id) {
     return id < 0 ? std::string("none") : absl::StrCat(id, " '", tokens_[id], "'");
   };
-  return absl::StrCat(kind_ == Kind::kSpm ? std::string("llama (SentencePiece)")
-                                          : absl::StrCat("gpt2 (byte-level BPE), pre-tokenizer '",
-                                                         pre_->name(), "' (", pre_->family(), ")"),
-                      ", ", tokens_.size(), " tokens",
-                      kind_ == Kind::kBpe ? absl::StrCat(", ", merges_.size(), " merges") : "",
-                      added_.empty() ? "" : absl::StrCat(", ", added_.size(), " user-defined"),
-                      "; BOS ", name(bos_), ", EOS ", name(eos_), ", UNK ", name(unk_),
-                      "; add BOS ", add_bos_ ? "yes" : "no", ", add EOS ", add_eos_ ? "yes" : "no",
-                      ", space prefix ", add_space_prefix_ ? "yes" : "no");
+  return absl::StrCat(
+      kind_ == Kind::kSpm ? std::string("llama (SentencePiece)")
+                          : absl::StrCat("gpt2 (byte-level BPE), pre-tokenizer '", pre_->name(),
+                                         "' (tokenizer.ggml.pre; ", pre_->family(), ")"),
+      ", ", tokens_.size(), " tokens",
+      kind_ == Kind::kBpe ? absl::StrCat(", ", merges_.size(), " merges") : "",
+      added_.empty() ? "" : absl::StrCat(", ", added_.size(), " user-defined"), "; BOS ",
+      name(bos_), ", EOS ", name(eos_), ", UNK ", name(unk_), "; add BOS ", add_bos_ ? "yes" : "no",
+      ", add EOS ", add_eos_ ? "yes" : "no", ", space prefix ", add_space_prefix_ ? "yes" : "no");
 }
 
 }  // namespace kvguard::core

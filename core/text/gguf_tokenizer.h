@@ -29,9 +29,14 @@
 // U+FFFD; Decode (whole texts) drops the leading space that add_space_prefix added, as
 // SentencePiece does; DecodeToken (streaming) keeps it. Decode(Encode(t)) == t for any bytes t
 // (invalid UTF-8 included) in BPE, and in SPM when t contains no U+2581 and no user-defined
-// token (llama.cpp puts a space prefix after each one). The exception in BPE: bytes UTF-8 never
-// uses (C0, C1, F5-FF) that a vocabulary has no normal token for come back as U+FFFD (no token:
-// falcon, mpt, starcoder, ...) or as the user-defined token's text (DeepSeek types them so).
+// token (llama.cpp puts a space prefix after each one).
+// Chat prompts: EncodeTemplated is the one place control-token texts become ids, and only in the
+// template's own text (core/text/chat_prompt.h decides which bytes came from the client). The
+// exception in BPE: bytes UTF-8 never uses (C0, C1, F5-FF) that a vocabulary has no normal token
+// for come back as U+FFFD (no token: falcon, mpt, starcoder, ...) or as the user-defined token's
+// text (DeepSeek types them so). Chat prompts: EncodeTemplated is the one place where control-token
+// texts become ids, and only in the chat template's own text (core/text/chat_prompt.h decides which
+// bytes are client text).
 #ifndef KVGUARD_CORE_TEXT_GGUF_TOKENIZER_H_
 #define KVGUARD_CORE_TEXT_GGUF_TOKENIZER_H_
 
@@ -64,6 +69,9 @@ class GgufTokenizer final : public Tokenizer {
   int bos_id() const override { return bos_; }
   int eos_id() const override { return eos_; }
   int vocab_size() const override { return static_cast<int>(tokens_.size()); }
+  std::vector<std::string_view> ControlTokenTexts() const override;
+  std::vector<int> EncodeTemplated(std::string_view text,
+                                   std::span<const TextSpan> untrusted) const override;
 
   Kind kind() const { return kind_; }
   // pre_tokenizer returns the BPE pre-tokenizer, or nullptr for SentencePiece.
@@ -88,6 +96,10 @@ class GgufTokenizer final : public Tokenizer {
   // SymbolId returns the symbol id of `text`: its token id, else an id past the vocabulary that
   // stands for a merge result that is no token (added on first sight).
   int SymbolId(const std::string& text);
+  // EncodeText appends the ids of `text` (no control tokens: user-defined ones, then SPM/BPE);
+  // *after_token says whether a token precedes it (SPM's space prefix) and is cleared.
+  void EncodeText(std::string_view text, bool* after_token, WordCache* cache,
+                  std::vector<int>* ids) const;
   void EncodeSpm(std::string_view text, bool space_prefix, std::vector<int>* ids) const;
   void EncodeBpe(std::string_view text, WordCache* cache, std::vector<int>* ids) const;
   // BpeWord merges the byte-mapped symbols of one pre-tokenized piece and appends their ids.
@@ -98,8 +110,9 @@ class GgufTokenizer final : public Tokenizer {
   void AppendByte(unsigned char b, std::vector<int>* ids) const;
 
   Kind kind_ = Kind::kSpm;
-  std::unique_ptr<PreTokenizer> pre_;                  // BPE only
-  AddedTokens added_;                                  // user-defined tokens, looked for in text
+  std::unique_ptr<PreTokenizer> pre_;  // BPE only
+  AddedTokens added_;                  // user-defined tokens, looked for in text
+  AddedTokens control_;  // special_ tokens: looked for only in template text (EncodeTemplated)
   std::vector<std::string> tokens_;                    // [vocab] token text as stored
   std::vector<std::string> pieces_;                    // [vocab] the bytes each token decodes to
   std::vector<float> scores_;                          // [vocab] SPM merge priority

@@ -5,6 +5,7 @@
 #ifndef KVGUARD_CORE_TEXT_TOKENIZER_H_
 #define KVGUARD_CORE_TEXT_TOKENIZER_H_
 
+#include <cstddef>
 #include <memory>
 #include <span>
 #include <string>
@@ -14,6 +15,12 @@
 #include "absl/status/statusor.h"
 
 namespace kvguard::core {
+
+// TextSpan: the bytes [begin, end) of a text.
+struct TextSpan {
+  size_t begin = 0;
+  size_t end = 0;
+};
 
 class Tokenizer {
  public:
@@ -37,6 +44,22 @@ class Tokenizer {
 
   // vocab_size returns the number of ids, i.e. the width of the model's lm head.
   virtual int vocab_size() const = 0;
+
+  // ControlTokenTexts returns the texts of the tokens Encode never produces from text (control
+  // tokens: BOS, EOS, <|im_start|>, ...), which a chat template writes; empty when there are none.
+  virtual std::vector<std::string_view> ControlTokenTexts() const { return {}; }
+
+  // EncodeTemplated returns the ids of `text`, a prompt a chat template wrote: each control
+  // token's text (ControlTokenTexts) is that token, unless it overlaps one of `untrusted` (sorted,
+  // disjoint byte ranges of `text` that hold client text: core/text/chat_prompt.h), where it stays
+  // ordinary text; the rest is encoded as Encode does. BOS and EOS are added as Encode(text, true)
+  // adds them, but BOS only when the text does not start with it already. The default, for
+  // vocabularies without control tokens, is Encode(text, true).
+  virtual std::vector<int> EncodeTemplated(std::string_view text,
+                                           std::span<const TextSpan> untrusted) const {
+    (void)untrusted;
+    return Encode(text, /*add_bos=*/true);
+  }
 };
 
 // ByteTokenizer maps text byte for byte: ids 0..255 are the bytes 0..255, 256 is BOS and 257

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -185,6 +186,98 @@ TEST(OpenAiApiTest, AcceptsValidRequests) {
   EXPECT_TRUE(r.chat);
   EXPECT_EQ(r.max_tokens, 1);
   EXPECT_EQ(r.prompt, "system: Be brief.\nuser: Hi!\nassistant: ");
+}
+
+// ChatFormatOf parses `source` into a chat format with BOS text "<s>".
+ChatFormat ChatFormatOf(const std::string& source) {
+  absl::StatusOr<ChatTemplate> t = ChatTemplate::Parse(source);
+  EXPECT_TRUE(t.ok()) << t.status();
+  ChatFormat f;
+  if (t.ok()) f.chat_template = std::make_shared<const ChatTemplate>(*std::move(t));
+  f.bos_token = "<s>";
+  return f;
+}
+
+constexpr char kNoSystemTemplate[] =
+    "{{ bos_token }}{% for m in messages %}{% if m.role == 'system' %}"
+    "{{ raise_exception('system messages are not supported') }}{% endif %}"
+    "<|{{ m.role }}|>{{ m.content }}{% endfor %}<|assistant|>";
+
+TEST(OpenAiApiTest, ChatTemplateRenders) {
+  const ChatFormat format = ChatFormatOf(kNoSystemTemplate);
+  RequestLimits limits = Limits();
+  limits.chat_format = &format;
+  CompletionRequest r;
+  ASSERT_EQ(ParseCompletionRequest(
+                R"({"model": "small", "messages": [{"content": "Hi", "role": "user"}]})", true,
+                limits, &r),
+            std::nullopt);
+  EXPECT_TRUE(r.templated);
+  EXPECT_EQ(r.prompt, "<s><|user|>Hi<|assistant|>");
+  EXPECT_EQ(r.client_texts, std::vector<std::string>{"Hi"});
+}
+
+TEST(OpenAiApiTest, ChatTemplateErrorIsA400) {  // the twin of ChatTemplateRenders
+  const ChatFormat format = ChatFormatOf(kNoSystemTemplate);
+  RequestLimits limits = Limits();
+  limits.chat_format = &format;
+  CompletionRequest r;
+  std::optional<ApiError> e = ParseCompletionRequest(
+      R"({"model": "small", "messages": [{"role": "system", "content": "Hi"}]})", true, limits, &r);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->status, 400);
+  EXPECT_EQ(e->param, "messages");
+  EXPECT_EQ(e->code, "chat_template_error");
+  EXPECT_NE(e->message.find("system messages are not supported"), std::string::npos) << e->message;
+}
+
+TEST(OpenAiApiTest, ChatTemplateKeepsTheClientsKeyOrder) {
+  const ChatFormat format = ChatFormatOf("{% for m in messages %}{{ m | tojson }}{% endfor %}");
+  RequestLimits limits = Limits();
+  limits.chat_format = &format;
+  CompletionRequest r;
+  ASSERT_EQ(ParseCompletionRequest(
+                R"({"model": "small", "messages": [{"content": "a", "role": "user", "name": null},
+                    {"role": "user", "content": "b"}]})",
+                true, limits, &r),
+            std::nullopt);
+  EXPECT_EQ(r.prompt, R"({"content": "a", "role": "user"}{"role": "user", "content": "b"})");
+}
+
+TEST(OpenAiApiTest, ControlTextInChatContentIsRefusedWhenTheTemplateHidesIt) {
+  // A tokenizer whose control token the template writes, and a template that changes the content
+  // (upper-case) so that where its control text went cannot be known: refused, naming the message.
+  class OneControl final : public Tokenizer {
+   public:
+    std::vector<int> Encode(std::string_view text, bool) const override {
+      return std::vector<int>(text.begin(), text.end());
+    }
+    std::string Decode(std::span<const int>) const override { return ""; }
+    std::string DecodeToken(int) const override { return ""; }
+    int bos_id() const override { return -1; }
+    int eos_id() const override { return -1; }
+    int vocab_size() const override { return 300; }
+    std::vector<std::string_view> ControlTokenTexts() const override { return {"<end>"}; }
+  } tok;
+  const ChatFormat format =
+      ChatFormatOf("{% for m in messages %}{{ m.content | upper }}{% endfor %}");
+  RequestLimits limits = Limits();
+  limits.chat_format = &format;
+  for (const bool control : {true, false}) {
+    CompletionRequest r;
+    const std::string body =
+        control
+            ? R"({"model": "small", "messages": [{"role": "user", "content": "ok"}, {"role": "user", "content": "x<end>"}]})"
+            : R"({"model": "small", "messages": [{"role": "user", "content": "ok"}, {"role": "user", "content": "x"}]})";
+    ASSERT_EQ(ParseCompletionRequest(body, true, limits, &r), std::nullopt);
+    std::vector<int> ids;
+    std::optional<ApiError> e = TokenizePrompt(tok, &r, &ids);
+    EXPECT_EQ(e.has_value(), control);
+    if (e) {
+      EXPECT_EQ(e->status, 400);
+      EXPECT_EQ(e->param, "messages[1].content");
+    }
+  }
 }
 
 // A parameter the server does not implement, and its twin at the value that changes nothing
