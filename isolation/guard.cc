@@ -163,10 +163,23 @@ absl::StatusOr<KeyId> Guard::RotateKey(std::string_view actor) {
     return absl::OkStatus();
   });
   if (!id.ok() && recorded) {
-    return absl::Status(id.status().code(),
-                        absl::StrCat("the key rotation was recorded but not applied (the old key "
-                                     "stays active): ",
-                                     id.status().message()));
+    // The key_rotated record is in the log but the rotation was rolled back (the key file
+    // could not be written): say so there too, as ApplyChanges does, so the log never shows a
+    // key that did not take effect without the record that takes it back.
+    AuditEvent note;
+    note.type = AuditEvent::Type::kKeyRotated;
+    note.actor = std::string(actor);
+    note.durable = true;
+    note.detail = absl::StrCat(
+        "not applied: the key rotation recorded just before this one was "
+        "rolled back (",
+        id.status().message(), "); the old key stays active");
+    const bool noted = Append(std::move(note)).ok();
+    return absl::Status(
+        id.status().code(),
+        absl::StrCat("the key rotation was recorded but not applied (the old key "
+                     "stays active",
+                     noted ? "; a record saying so follows it" : "", "): ", id.status().message()));
   }
   return id;
 }

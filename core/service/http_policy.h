@@ -9,6 +9,7 @@
 #define KVGUARD_CORE_SERVICE_HTTP_POLICY_H_
 
 #include <cstddef>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -25,13 +26,30 @@ struct HeaderLimits {
 // no header.
 std::optional<std::string> CheckHeaderBlock(size_t count, size_t bytes, const HeaderLimits& limits);
 
-// CheckHeaders is CheckHeaderBlock for a map of name -> value (httplib::Headers), counting
-// each line as its name, its value, ": " and CRLF.
+// kServerAddedHeaders: what cpp-httplib 0.11 inserts into every request's header map after
+// parsing the client's (the peer's and the listener's address and port); not the client's
+// lines, so not counted against its limits.
+inline constexpr std::string_view kServerAddedHeaders[] = {"REMOTE_ADDR", "REMOTE_PORT",
+                                                           "LOCAL_ADDR", "LOCAL_PORT"};
+
+// CheckHeaders is CheckHeaderBlock for a multimap of name -> value (httplib::Headers), counting
+// each line as its name, its value, ": " and CRLF, less the last entry of each
+// kServerAddedHeaders name (the one the server inserted; a client's own line of that name,
+// parsed first, still counts).
 template <typename HeaderMap>
 std::optional<std::string> CheckHeaders(const HeaderMap& headers, const HeaderLimits& limits) {
-  size_t bytes = 0;
-  for (const auto& [name, value] : headers) bytes += name.size() + value.size() + 4;
-  return CheckHeaderBlock(headers.size(), bytes, limits);
+  const auto line_bytes = [](const auto& entry) {
+    return entry.first.size() + entry.second.size() + 4;
+  };
+  size_t count = headers.size(), bytes = 0;
+  for (const auto& entry : headers) bytes += line_bytes(entry);
+  for (std::string_view name : kServerAddedHeaders) {
+    const auto [first, last] = headers.equal_range(std::string(name));
+    if (first == last) continue;
+    --count;
+    bytes -= line_bytes(*std::prev(last));
+  }
+  return CheckHeaderBlock(count, bytes, limits);
 }
 
 // MetricsAuth says whether GET /metrics and the detail of the admin listener's /readyz need

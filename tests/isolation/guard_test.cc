@@ -745,5 +745,35 @@ TEST_F(OperatorChangeTest, ARotationWhoseRecordFailsNeverTakesEffect) {
   EXPECT_EQ(events[0].key_fingerprint, keys_->Fingerprint(*id).value_or("?"));
 }
 
+// A rotation recorded in the log whose key file then cannot be written is rolled back, and a
+// second record says it was not applied (the log never shows a key that did not take effect
+// without the record taking it back). The twin: the same rotation once the file can be written.
+TEST_F(OperatorChangeTest, ARotationWhoseKeyFileFailsAfterTheRecordIsTakenBackInTheLog) {
+  Make(/*fail_at=*/0);  // every record succeeds
+  const std::string file_before = KeyFile();
+  const std::string tmp = KeyPath() + ".tmp";
+  std::filesystem::create_directories(tmp + "/blocker");  // the stale-tmp unlink now fails
+  absl::StatusOr<KeyId> id = guard_->RotateKey("ops");
+  ASSERT_FALSE(id.ok());
+  EXPECT_NE(std::string(id.status().message()).find("recorded but not applied"), std::string::npos)
+      << id.status();
+  EXPECT_NE(std::string(id.status().message()).find("a record saying so follows it"),
+            std::string::npos)
+      << id.status();
+  EXPECT_EQ(keys_->active_id(), 1u);
+  EXPECT_EQ(KeyFile(), file_before);
+  std::vector<AuditEvent> events = fail_sink_->events();
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].type, Type::kKeyRotated);
+  EXPECT_EQ(events[1].type, Type::kKeyRotated);
+  EXPECT_TRUE(events[1].durable);
+  EXPECT_EQ(events[1].detail.rfind("not applied: ", 0), 0u) << events[1].detail;
+  std::filesystem::remove_all(tmp);
+  id = guard_->RotateKey("ops");  // twin
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(keys_->active_id(), *id);
+  EXPECT_EQ(fail_sink_->events().size(), 3u);
+}
+
 }  // namespace
 }  // namespace kvguard::isolation

@@ -159,6 +159,17 @@ def test_thirty_headers_are_served(server):
     assert r.status_code == 200, r.text
 
 
+def test_one_hundred_header_lines_are_served_one_more_gets_431(server):
+    """At the documented limit (100 lines, the request line aside): raw_request sends Host,
+    Connection and Authorization, so 97 more make 100. The server's own bookkeeping entries
+    (cpp-httplib adds the peer's address and port) do not count."""
+    status, body = raw_request(server, [b"X-Line-%d: v" % i for i in range(97)])
+    assert status == 200, body[:200]
+    status, body = raw_request(server, [b"X-Line-%d: v" % i for i in range(98)])
+    assert status == 431, body[:200]
+    assert b"101 header lines; the limit is 100" in body
+
+
 def test_header_bytes_over_the_limit_get_431(server):
     # 12 lines of 4 KiB: each line within httplib's own line limit, 48 KiB in all (limit 32 KiB).
     big = [b"X-Big-%d: " % i + b"v" * 4096 for i in range(12)]

@@ -43,6 +43,25 @@ TEST(HttpPolicyTest, DefaultsTakeAnOrdinaryRequestAndRefuseTwentyThousandLines) 
   EXPECT_NE(CheckHeaders(headers, HeaderLimits{}), std::nullopt);
 }
 
+// cpp-httplib adds REMOTE_ADDR, REMOTE_PORT, LOCAL_ADDR and LOCAL_PORT to every request's map:
+// they are not the client's lines. A client's own line of such a name (parsed first) counts.
+TEST(HttpPolicyTest, HeadersTheServerAddsAreNotCountedTheClientsAre) {
+  HeaderLimits limits;
+  limits.max_count = 30;
+  std::multimap<std::string, std::string> headers;
+  for (int i = 0; i < 30; ++i) headers.emplace("X-H" + std::to_string(i), "v");
+  for (std::string_view name : kServerAddedHeaders) headers.emplace(std::string(name), "1234");
+  EXPECT_EQ(CheckHeaders(headers, limits), std::nullopt);  // 34 entries, 30 client lines
+  // A client line named REMOTE_ADDR, inserted before the server's entry as httplib parses it.
+  std::multimap<std::string, std::string> spoofed;
+  for (int i = 0; i < 30; ++i) spoofed.emplace("X-H" + std::to_string(i), "v");
+  spoofed.emplace("REMOTE_ADDR", "client");
+  for (std::string_view name : kServerAddedHeaders) spoofed.emplace(std::string(name), "1234");
+  std::optional<std::string> why = CheckHeaders(spoofed, limits);
+  ASSERT_TRUE(why.has_value());
+  EXPECT_EQ(*why, "31 header lines; the limit is 30");
+}
+
 TEST(HttpPolicyTest, LoopbackHosts) {
   for (const char* host : {"127.0.0.1", "127.1.2.3", "localhost", "::1", "[::1]"}) {
     EXPECT_TRUE(IsLoopbackHost(host)) << host;
