@@ -2,6 +2,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/text/utf8.h"
 
 namespace kvguard::core {
 namespace {
@@ -47,29 +48,23 @@ std::string ByteTokenizer::DecodeToken(int id) const {
 }
 
 // The state machine is the WHATWG Encoding Standard's UTF-8 decoder: the lead byte fixes how
-// many continuation bytes follow and narrows the range of the first one, which is what rules
-// out overlong forms (E0 80..9F, F0 80..8F), surrogates (ED A0..BF) and values above U+10FFFF
-// (F4 90..BF); C0, C1 and F5..FF can never start a sequence.
+// many continuation bytes follow and narrows the range of the first one (Table 3-7's rules,
+// from Utf8LeadOf, the one codec's), which is what rules out overlong forms, surrogates and
+// values above U+10FFFF; C0, C1 and F5..FF can never start a sequence.
 void Utf8StreamDecoder::Step(unsigned char byte, std::string* out) {
   if (needed_ == 0) {
-    if (byte < 0x80) {
+    const Utf8Lead lead = Utf8LeadOf(byte);
+    if (lead.length == 1) {
       out->push_back(static_cast<char>(byte));
       return;
     }
-    if (byte >= 0xC2 && byte <= 0xDF) {
-      needed_ = 1;
-    } else if (byte >= 0xE0 && byte <= 0xEF) {
-      needed_ = 2;
-      if (byte == 0xE0) lower_ = 0xA0;
-      if (byte == 0xED) upper_ = 0x9F;
-    } else if (byte >= 0xF0 && byte <= 0xF4) {
-      needed_ = 3;
-      if (byte == 0xF0) lower_ = 0x90;
-      if (byte == 0xF4) upper_ = 0x8F;
-    } else {
+    if (lead.length == 0) {
       out->append(kReplacement);
       return;
     }
+    needed_ = lead.length - 1;
+    lower_ = lead.second_lo;
+    upper_ = lead.second_hi;
     pending_.push_back(static_cast<char>(byte));
     return;
   }

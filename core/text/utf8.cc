@@ -3,35 +3,35 @@
 
 namespace kvguard::core {
 
+Utf8Lead Utf8LeadOf(unsigned char c) {
+  Utf8Lead lead;
+  if (c < 0x80) {
+    lead.length = 1;
+  } else if (c >= 0xC2 && c <= 0xDF) {
+    lead.length = 2;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    lead.length = 3;
+    if (c == 0xE0) lead.second_lo = 0xA0;
+    if (c == 0xED) lead.second_hi = 0x9F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    lead.length = 4;
+    if (c == 0xF0) lead.second_lo = 0x90;
+    if (c == 0xF4) lead.second_hi = 0x8F;
+  }
+  return lead;
+}
+
 size_t Utf8SequenceAt(std::string_view text, size_t pos, char32_t* cp) {
   const auto byte = [&](size_t i) { return static_cast<unsigned char>(text[pos + i]); };
   const unsigned char c = byte(0);
-  if (c < 0x80) {
-    *cp = c;
-    return 1;
-  }
-  // The lead byte fixes the length and the range of the second byte (Table 3-7): E0 and F0
-  // exclude overlong forms, ED surrogates, F4 code points past U+10FFFF.
-  size_t n = 0;
-  unsigned char lo = 0x80, hi = 0xBF;
-  char32_t value = 0;
-  if (c >= 0xC2 && c <= 0xDF) {
-    n = 2, value = c & 0x1F;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    n = 3, value = c & 0x0F;
-    if (c == 0xE0) lo = 0xA0;
-    if (c == 0xED) hi = 0x9F;
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    n = 4, value = c & 0x07;
-    if (c == 0xF0) lo = 0x90;
-    if (c == 0xF4) hi = 0x8F;
-  } else {
-    return 0;
-  }
-  if (text.size() - pos < n) return 0;
+  const Utf8Lead lead = Utf8LeadOf(c);
+  const size_t n = static_cast<size_t>(lead.length);
+  if (n == 0 || text.size() - pos < n) return 0;
+  // The lead byte's payload bits: 7, 5, 4 or 3 of them.
+  char32_t value = n == 1 ? c : c & (0x7F >> n);
   for (size_t i = 1; i < n; ++i) {
     const unsigned char b = byte(i);
-    if (b < (i == 1 ? lo : 0x80) || b > (i == 1 ? hi : 0xBF)) return 0;
+    if (b < (i == 1 ? lead.second_lo : 0x80) || b > (i == 1 ? lead.second_hi : 0xBF)) return 0;
     value = (value << 6) | (b & 0x3F);
   }
   *cp = value;

@@ -10,6 +10,17 @@
 
 namespace kvguard::core {
 
+// Utf8Lead describes a sequence's first byte as Table 3-7 does: how many bytes the sequence
+// has (1..4; 0 for a byte that cannot start one: a continuation byte, C0, C1, F5..FF) and the
+// range the second byte must fall in (E0 and F0 exclude overlong forms, ED surrogates, F4 code
+// points past U+10FFFF). Every decoder here (Utf8SequenceAt, the tokenizers' streaming
+// decoder) reads the rules from it.
+struct Utf8Lead {
+  int length = 0;
+  unsigned char second_lo = 0x80, second_hi = 0xBF;
+};
+Utf8Lead Utf8LeadOf(unsigned char c);
+
 // Utf8SequenceAt returns the length (1..4) of the well-formed UTF-8 sequence that starts at
 // text[pos] (pos < text.size()) and sets *cp to its code point; it returns 0 when the bytes
 // there are not one (a stray continuation byte, a lead byte C0, C1 or F5..FF, an overlong form,

@@ -18,10 +18,9 @@ size_t SpaceAt(absl::string_view s, size_t pos) {
   if (pos >= s.size()) return 0;
   const unsigned char c = s[pos];
   if (c < 0x80) return IsPySpace(c) ? 1 : 0;
-  const size_t n = (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : 4;
-  if (pos + n > s.size()) return 0;
-  const std::vector<char32_t> cp = CodePoints(s.substr(pos, n));
-  return cp.size() == 1 && IsPySpace(cp[0]) ? n : 0;
+  char32_t cp = 0;
+  const size_t n = core::Utf8SequenceAt(std::string_view(s.data(), s.size()), pos, &cp);
+  return n > 0 && IsPySpace(cp) ? n : 0;
 }
 
 size_t SkipSpace(absl::string_view s, size_t pos) {
