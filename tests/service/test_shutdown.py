@@ -61,7 +61,12 @@ def hold(server, streams):
 
 
 def draining(server):
-    return httpx.get(server.base + "/readyz", timeout=10).status_code == 503
+    r = httpx.get(server.base + "/readyz", timeout=10)
+    if r.status_code != 503:
+        assert r.json() == {"ready": True}
+        return False
+    assert r.json() == {"ready": False}  # not ready, and nothing internal on the public port
+    return True
 
 
 def verify_audit_log(server):
