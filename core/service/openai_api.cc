@@ -336,6 +336,86 @@ std::optional<ApiError> TokenizePrompt(const Tokenizer& tokenizer, CompletionReq
   return std::nullopt;
 }
 
+// ParseChatMessages reads `doc`'s `messages` (the body, `body`, is parsed again in key order
+// for a template) into r->prompt, rendered with the model's chat template (r->templated, and
+// r->client_texts for the special-token rule of TokenizePrompt) or the plain rendering; the
+// error names the message and field. Shared by /v1/chat/completions and /tokenize's chat form,
+// so both give the engine the same prompt.
+std::optional<ApiError> ParseChatMessages(const json& doc, std::string_view body,
+                                          const RequestLimits& limits, bool add_generation_prompt,
+                                          CompletionRequest* r) {
+  auto messages = doc.find("messages");
+  if (messages == doc.end()) return Invalid("messages", "'messages' is required");
+  if (!messages->is_array() || messages->empty()) {
+    return WrongType("messages", "a non-empty array");
+  }
+  const ChatFormat* format = limits.chat_format;
+  const bool templated = format != nullptr && format->chat_template != nullptr;
+  // A template sees the messages' keys in the client's order (`tojson`), which `doc` (sorted)
+  // lost: the body once more as ordered_json, only then.
+  nlohmann::ordered_json ordered;
+  if (templated) ordered = nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr, false);
+  ChatInputs inputs;
+  inputs.add_generation_prompt = add_generation_prompt;
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const json& m = (*messages)[i];
+    const std::string p = absl::StrCat("messages[", i, "]");
+    if (!m.is_object()) return WrongType(p, "an object");
+    for (const auto& [key, value] : m.items()) {
+      // name, tool_calls, function_call, audio, ...: each would change the prompt.
+      if (key != "role" && key != "content" && !value.is_null()) {
+        return Unsupported(absl::StrCat(p, ".", key), " in messages");
+      }
+    }
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) return WrongType(p + ".role", "a string");
+    const std::string& rs = role->get_ref<const std::string&>();
+    if (rs != "system" && rs != "user" && rs != "assistant" && rs != "developer") {
+      return Invalid(p + ".role", p + ".role must be system, developer, user or assistant");
+    }
+    auto content = m.find("content");
+    if (content == m.end()) return Invalid(p + ".content", "'content' is required");
+    std::string text;
+    if (auto e = ReadContent(*content, p + ".content", &text)) return e;
+    // The template gets role and content only (null fields are absent, as everywhere in this
+    // API), content as one string (text parts joined), in the client's key order.
+    nlohmann::ordered_json message = nlohmann::ordered_json::object();
+    bool content_first = false;
+    if (templated && ordered.is_object()) {
+      const auto& om = ordered["messages"][i];
+      for (auto it = om.begin(); it != om.end(); ++it) {
+        if (it.key() == "content" || it.key() == "role") {
+          content_first = it.key() == "content";
+          break;
+        }
+      }
+    }
+    if (content_first) message["content"] = text;
+    message["role"] = rs;
+    message["content"] = text;
+    inputs.messages.push_back(std::move(message));
+    r->client_texts.push_back(std::move(text));
+  }
+  if (templated) {
+    inputs.bos_token = format->bos_token;
+    inputs.eos_token = format->eos_token;
+    absl::StatusOr<std::string> rendered = RenderChat(*format->chat_template, inputs);
+    if (!rendered.ok()) {
+      ApiError e = Invalid("messages", absl::StrCat("the model's chat template refused the "
+                                                    "messages: ",
+                                                    rendered.status().message()));
+      e.code = "chat_template_error";
+      return e;
+    }
+    r->prompt = *std::move(rendered);
+    r->templated = true;
+  } else {
+    r->prompt = RenderPlainChat(inputs);
+    r->client_texts.clear();
+  }
+  return std::nullopt;
+}
+
 std::optional<ApiError> ParseCompletionRequest(std::string_view body, bool chat,
                                                const RequestLimits& limits,
                                                CompletionRequest* out) {
@@ -347,74 +427,8 @@ std::optional<ApiError> ParseCompletionRequest(std::string_view body, bool chat,
   if (auto e = ReadModel(doc, limits, &r.model)) return e;
 
   if (chat) {
-    auto messages = doc.find("messages");
-    if (messages == doc.end()) return Invalid("messages", "'messages' is required");
-    if (!messages->is_array() || messages->empty()) {
-      return WrongType("messages", "a non-empty array");
-    }
-    const ChatFormat* format = limits.chat_format;
-    const bool templated = format != nullptr && format->chat_template != nullptr;
-    // A template sees the messages' keys in the client's order (`tojson`), which `doc` (sorted)
-    // lost: the body once more as ordered_json, only then.
-    nlohmann::ordered_json ordered;
-    if (templated)
-      ordered = nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr, false);
-    ChatInputs inputs;
-    for (size_t i = 0; i < messages->size(); ++i) {
-      const json& m = (*messages)[i];
-      const std::string p = absl::StrCat("messages[", i, "]");
-      if (!m.is_object()) return WrongType(p, "an object");
-      for (const auto& [key, value] : m.items()) {
-        // name, tool_calls, function_call, audio, ...: each would change the prompt.
-        if (key != "role" && key != "content" && !value.is_null()) {
-          return Unsupported(absl::StrCat(p, ".", key), " in messages");
-        }
-      }
-      auto role = m.find("role");
-      if (role == m.end() || !role->is_string()) return WrongType(p + ".role", "a string");
-      const std::string& rs = role->get_ref<const std::string&>();
-      if (rs != "system" && rs != "user" && rs != "assistant" && rs != "developer") {
-        return Invalid(p + ".role", "role must be system, developer, user or assistant");
-      }
-      auto content = m.find("content");
-      if (content == m.end()) return Invalid(p + ".content", "'content' is required");
-      std::string text;
-      if (auto e = ReadContent(*content, p + ".content", &text)) return e;
-      // The template gets role and content only (null fields are absent, as everywhere in this
-      // API), content as one string (text parts joined), in the client's key order.
-      nlohmann::ordered_json message = nlohmann::ordered_json::object();
-      bool content_first = false;
-      if (templated && ordered.is_object()) {
-        const auto& om = ordered["messages"][i];
-        for (auto it = om.begin(); it != om.end(); ++it) {
-          if (it.key() == "content" || it.key() == "role") {
-            content_first = it.key() == "content";
-            break;
-          }
-        }
-      }
-      if (content_first) message["content"] = text;
-      message["role"] = rs;
-      message["content"] = text;
-      inputs.messages.push_back(std::move(message));
-      r.client_texts.push_back(std::move(text));
-    }
-    if (templated) {
-      inputs.bos_token = format->bos_token;
-      inputs.eos_token = format->eos_token;
-      absl::StatusOr<std::string> rendered = RenderChat(*format->chat_template, inputs);
-      if (!rendered.ok()) {
-        ApiError e = Invalid("messages", absl::StrCat("the model's chat template refused the "
-                                                      "messages: ",
-                                                      rendered.status().message()));
-        e.code = "chat_template_error";
-        return e;
-      }
-      r.prompt = *std::move(rendered);
-      r.templated = true;
-    } else {
-      r.prompt = RenderPlainChat(inputs);
-      r.client_texts.clear();
+    if (auto e = ParseChatMessages(doc, body, limits, /*add_generation_prompt=*/true, &r)) {
+      return e;
     }
   } else {
     auto prompt = doc.find("prompt");
@@ -687,10 +701,28 @@ std::optional<ApiError> ParseTokenizeRequest(std::string_view body, const Reques
                                              TokenizeRequest* out) {
   json doc;
   if (auto e = ParseBody(body, &doc)) return e;
-  // vLLM's chat form renders `messages` with the model's chat template: it comes here with chat
-  // templates, and until then is refused rather than tokenized as something else.
+  // vLLM's chat form: `messages` rendered and tokenized exactly as /v1/chat/completions does
+  // (ParseChatMessages, then TokenizePrompt), so the ids are the ones the engine would see. BOS
+  // is the template's business there, so `add_special_tokens` is not taken in this form.
   if (doc.contains("messages")) {
-    return Unsupported("messages", " on /tokenize: its chat form comes with chat templates");
+    if (auto e = CheckOnly(doc, {"model", "messages", "add_generation_prompt", "return_token_strs"},
+                           " on /tokenize with messages (the chat form tokenizes as "
+                           "/v1/chat/completions does)")) {
+      return e;
+    }
+    TokenizeRequest r;
+    if (auto e = ReadModel(doc, limits, &r.model)) return e;
+    bool add_generation_prompt = true;
+    if (auto e = ReadBool(doc, "add_generation_prompt", &add_generation_prompt)) return e;
+    if (auto e = ReadBool(doc, "return_token_strs", &r.return_token_strs)) return e;
+    r.chat = true;
+    r.chat_request.chat = true;
+    r.chat_request.model = r.model;
+    if (auto e = ParseChatMessages(doc, body, limits, add_generation_prompt, &r.chat_request)) {
+      return e;
+    }
+    *out = std::move(r);
+    return std::nullopt;
   }
   if (auto e = CheckOnly(doc, {"model", "prompt", "add_special_tokens", "return_token_strs"},
                          " on /tokenize")) {

@@ -102,18 +102,23 @@ struct RequestLimits {
 std::optional<ApiError> ParseCompletionRequest(std::string_view body, bool chat,
                                                const RequestLimits& limits, CompletionRequest* out);
 
-// TokenizeRequest is a validated /tokenize request (vLLM's completion form).
+// TokenizeRequest is a validated /tokenize request: vLLM's completion form (`prompt`), or its
+// chat form (`messages`, rendered as /v1/chat/completions renders them: chat_request, to be
+// tokenized with TokenizePrompt).
 struct TokenizeRequest {
   std::string model;
   std::string prompt;
   bool add_special_tokens = true;  // BOS, as /v1/completions encodes a text prompt
   bool return_token_strs = false;
+  bool chat = false;
+  CompletionRequest chat_request;  // chat form: the rendered prompt and its client texts
 };
 
 // ParseTokenizeRequest validates `body` (JSON) for /tokenize into *out: {"model", "prompt": a
 // string, "add_special_tokens": bool, "return_token_strs": bool}. Returns nullopt on success,
 // else the error naming the field, with ParseCompletionRequest's body and model checks (the same
-// errors). vLLM's chat form (`messages`) and every other field are refused (unsupported_parameter).
+// errors). The chat form takes {"model", "messages", "add_generation_prompt": bool (default
+// true), "return_token_strs": bool}. Every other field is refused (unsupported_parameter).
 std::optional<ApiError> ParseTokenizeRequest(std::string_view body, const RequestLimits& limits,
                                              TokenizeRequest* out);
 

@@ -565,13 +565,17 @@ void Server::Impl::HandleTokenize(const httplib::Request& req, httplib::Response
     if (!error) body = DetokenizeBody(*tokenizer, request.tokens);
   } else {
     TokenizeRequest request;
+    limits.chat_format = &options.chat_format;
     error = ParseTokenizeRequest(req.body, limits, &request);
-    // The call HandleCompletion makes for a text prompt, so the ids are the ones a completion
-    // of the same prompt feeds the engine.
-    if (!error) {
-      const std::vector<int> ids = tokenizer->Encode(request.prompt, request.add_special_tokens);
-      body = TokenizeBody(request, *tokenizer, ids, engine->model().config().max_context);
+    // The calls HandleCompletion makes (a text prompt's Encode; a chat's TokenizePrompt), so the
+    // ids are the ones a completion of the same prompt or messages feeds the engine.
+    std::vector<int> ids;
+    if (!error && request.chat) {
+      error = TokenizePrompt(*tokenizer, &request.chat_request, &ids);
+    } else if (!error) {
+      ids = tokenizer->Encode(request.prompt, request.add_special_tokens);
     }
+    if (!error) body = TokenizeBody(request, *tokenizer, ids, engine->model().config().max_context);
   }
   if (error) {
     Reply(res, *error);

@@ -46,6 +46,24 @@ def test_tokens_are_the_completion_prompt(server, text):
     assert r.choices[0].text.startswith(text)
 
 
+def test_chat_form_tokens_are_the_chat_completion_prompt(server):
+    # vLLM's chat form: the messages rendered and tokenized as /v1/chat/completions does.
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "caf\u00e9?"}]
+    r = post(server, "/tokenize", {"model": MODEL, "messages": messages})
+    assert r.status_code == 200, r.text
+    ids = r.json()["tokens"]
+    c = server.client("acme").chat.completions.create(model=MODEL, messages=messages,
+                                                      max_tokens=1)
+    assert c.usage.prompt_tokens == len(ids)
+    # Without the generation prompt the prompt is shorter by exactly that suffix.
+    r = post(server, "/tokenize", {"model": MODEL, "messages": messages,
+                                   "add_generation_prompt": False})
+    assert r.status_code == 200, r.text
+    shorter = r.json()["tokens"]
+    assert len(shorter) < len(ids) and ids[:len(shorter)] == shorter
+
+
 def test_add_special_tokens_false_drops_bos(server):
     with_bos = tokenize(server, "abc")["tokens"]
     without = tokenize(server, "abc", add_special_tokens=False)["tokens"]
@@ -97,8 +115,11 @@ REFUSED = [
     ("/detokenize", {"model": MODEL}, 400, "tokens", OK_DETOK),
     ("/tokenize", {"model": MODEL, "prompt": [104]}, 400, "prompt", OK_TOK),
     ("/tokenize", {"model": MODEL}, 400, "prompt", OK_TOK),
-    ("/tokenize", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}, 400,
-     "messages", OK_TOK),
+    ("/tokenize", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                   "add_special_tokens": True}, 400, "add_special_tokens",
+     {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}),
+    ("/tokenize", {"model": MODEL, "messages": []}, 400, "messages",
+     {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}),
     ("/tokenize", {**OK_TOK, "add_generation_prompt": True}, 400, "add_generation_prompt", OK_TOK),
     ("/tokenize", {**OK_TOK, "add_special_tokens": "no"}, 400, "add_special_tokens",
      {**OK_TOK, "add_special_tokens": False}),
