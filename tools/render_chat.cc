@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/gguf/gguf.h"
+#include "core/service/chat_format.h"
 #include "core/text/chat_template.h"
 #include "core/text/gguf_chat_template.h"
 #include "nlohmann/json.hpp"
@@ -127,7 +128,7 @@ int RunRenderChat(const std::vector<std::string>& argv) {
     inputs.eos_token = from_gguf->eos_token;
   }
   if (!template_path.empty()) {
-    absl::StatusOr<std::string> text = ReadFile(template_path);
+    absl::StatusOr<std::string> text = core::ReadChatTemplateFile(template_path);  // 1 MiB cap
     if (!text.ok()) return Fail(text.status());
     source = *text;
   }

@@ -17,11 +17,8 @@
 #include "core/text/gguf_chat_template.h"
 
 namespace kvguard::core {
-namespace {
 
-// ReadTemplateFile returns the bytes of the regular file `path`, refusing one over
-// kMaxChatTemplateFileBytes before reading it.
-absl::StatusOr<std::string> ReadTemplateFile(const std::string& path) {
+absl::StatusOr<std::string> ReadChatTemplateFile(const std::string& path) {
   const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     return absl::NotFoundError(
@@ -65,8 +62,6 @@ absl::StatusOr<std::string> ReadTemplateFile(const std::string& path) {
   return text;
 }
 
-}  // namespace
-
 absl::StatusOr<ChatFormat> LoadChatFormat(const std::string& model,
                                           const std::string& template_file) {
   ChatFormat format;
@@ -85,7 +80,7 @@ absl::StatusOr<ChatFormat> LoadChatFormat(const std::string& model,
     origin = absl::StrCat(model, ": tokenizer.chat_template");
   }
   if (!template_file.empty()) {
-    absl::StatusOr<std::string> text = ReadTemplateFile(template_file);
+    absl::StatusOr<std::string> text = ReadChatTemplateFile(template_file);
     if (!text.ok()) return text.status();
     source = *std::move(text);
     origin = absl::StrCat("--chat-template ", template_file);

@@ -18,6 +18,10 @@ namespace kvguard::core {
 // The largest --chat-template file read (real templates are under 30 KiB).
 inline constexpr size_t kMaxChatTemplateFileBytes = size_t{1} << 20;
 
+// ReadChatTemplateFile returns the bytes of the regular file `path` (a --chat-template), refusing
+// one over kMaxChatTemplateFileBytes before reading it; errors name the file.
+absl::StatusOr<std::string> ReadChatTemplateFile(const std::string& path);
+
 // LoadChatFormat returns the chat format for `model` (a .gguf path, or a built-in model's name)
 // and `template_file` ("" for none). Without either template, the plain rendering (no
 // chat_template). BOS/EOS texts come from the GGUF (a built-in model's are empty). Errors name
