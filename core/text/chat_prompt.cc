@@ -98,7 +98,7 @@ absl::StatusOr<std::vector<int>> EncodeChatPrompt(const Tokenizer& tokenizer,
                                                   std::string_view rendered,
                                                   std::span<const std::string> client_texts,
                                                   size_t* failed) {
-  const std::vector<std::string_view> controls = tokenizer.ControlTokenTexts();
+  const std::span<const std::string_view> controls = tokenizer.ControlTokenTexts();
   absl::StatusOr<std::vector<TextSpan>> spans =
       ClientTextSpans(rendered, client_texts, controls, failed);
   if (!spans.ok()) return spans.status();

@@ -303,7 +303,10 @@ absl::StatusOr<std::unique_ptr<GgufTokenizer>> GgufTokenizer::Create(const gguf:
   t->added_ = AddedTokens(std::move(added), rstrip);
   std::vector<std::pair<std::string, int>> control;
   for (size_t i = 0; i < vocab; ++i) {
-    if (t->special_[i]) control.emplace_back(t->tokens_[i], static_cast<int>(i));
+    if (!t->special_[i]) continue;
+    control.emplace_back(t->tokens_[i], static_cast<int>(i));
+    // Views into tokens_, which is not resized after this: found once here, not per request.
+    if (!t->tokens_[i].empty()) t->control_texts_.push_back(t->tokens_[i]);
   }
   t->control_ = AddedTokens(std::move(control));
   if (!spm) {
@@ -393,12 +396,8 @@ void GgufTokenizer::EncodeText(std::string_view text, bool* after_token, WordCac
   }
 }
 
-std::vector<std::string_view> GgufTokenizer::ControlTokenTexts() const {
-  std::vector<std::string_view> texts;
-  for (size_t i = 0; i < tokens_.size(); ++i) {
-    if (special_[i] && !tokens_[i].empty()) texts.push_back(tokens_[i]);
-  }
-  return texts;
+std::span<const std::string_view> GgufTokenizer::ControlTokenTexts() const {
+  return control_texts_;
 }
 
 std::vector<int> GgufTokenizer::EncodeTemplated(std::string_view text,

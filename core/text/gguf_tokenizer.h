@@ -56,6 +56,9 @@ namespace kvguard::core {
 
 class GgufTokenizer final : public Tokenizer {
  public:
+  // Not copyable: control_texts_ views the strings of tokens_.
+  GgufTokenizer(const GgufTokenizer&) = delete;
+  GgufTokenizer& operator=(const GgufTokenizer&) = delete;
   enum class Kind { kSpm, kBpe };
 
   // Create reads the tokenizer of `file`. InvalidArgument (naming the key) for an unknown
@@ -69,7 +72,7 @@ class GgufTokenizer final : public Tokenizer {
   int bos_id() const override { return bos_; }
   int eos_id() const override { return eos_; }
   int vocab_size() const override { return static_cast<int>(tokens_.size()); }
-  std::vector<std::string_view> ControlTokenTexts() const override;
+  std::span<const std::string_view> ControlTokenTexts() const override;
   std::vector<int> EncodeTemplated(std::string_view text,
                                    std::span<const TextSpan> untrusted) const override;
 
@@ -110,8 +113,9 @@ class GgufTokenizer final : public Tokenizer {
   void AppendByte(unsigned char b, std::vector<int>* ids) const;
 
   Kind kind_ = Kind::kSpm;
-  std::unique_ptr<PreTokenizer> pre_;  // BPE only
-  AddedTokens added_;                  // user-defined tokens, looked for in text
+  std::unique_ptr<PreTokenizer> pre_;            // BPE only
+  AddedTokens added_;                            // user-defined tokens, looked for in text
+  std::vector<std::string_view> control_texts_;  // texts of the special_ tokens, into tokens_
   AddedTokens control_;  // special_ tokens: looked for only in template text (EncodeTemplated)
   std::vector<std::string> tokens_;                    // [vocab] token text as stored
   std::vector<std::string> pieces_;                    // [vocab] the bytes each token decodes to

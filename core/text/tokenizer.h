@@ -47,7 +47,8 @@ class Tokenizer {
 
   // ControlTokenTexts returns the texts of the tokens Encode never produces from text (control
   // tokens: BOS, EOS, <|im_start|>, ...), which a chat template writes; empty when there are none.
-  virtual std::vector<std::string_view> ControlTokenTexts() const { return {}; }
+  // (Computed once, when the vocabulary is loaded: a chat request reads it.)
+  virtual std::span<const std::string_view> ControlTokenTexts() const { return {}; }
 
   // EncodeTemplated returns the ids of `text`, a prompt a chat template wrote: each control
   // token's text (ControlTokenTexts) is that token, unless it overlaps one of `untrusted` (sorted,

@@ -257,7 +257,8 @@ TEST(OpenAiApiTest, ControlTextInChatContentIsRefusedWhenTheTemplateHidesIt) {
     int bos_id() const override { return -1; }
     int eos_id() const override { return -1; }
     int vocab_size() const override { return 300; }
-    std::vector<std::string_view> ControlTokenTexts() const override { return {"<end>"}; }
+    std::span<const std::string_view> ControlTokenTexts() const override { return controls; }
+    std::string_view controls[1] = {"<end>"};
   } tok;
   const ChatFormat format =
       ChatFormatOf("{% for m in messages %}{{ m.content | upper }}{% endfor %}");
