@@ -20,6 +20,7 @@
 #include "audit/signing_key.h"
 #include "audit/verdict.h"
 #include "audit/verifier.h"
+#include "tests/temp_dir.h"
 
 namespace kvguard::audit {
 namespace {
@@ -29,9 +30,7 @@ namespace fs = std::filesystem;
 class AuditLogTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string tmpl = ::testing::TempDir() + "/audit_log_test.XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    root_ = tmpl;
+    root_ = tests::NewTempDir("audit_log_test");
     dir_ = root_ + "/log";
     key_ = std::shared_ptr<const SigningKey>(*SigningKey::CreateEphemeral());
   }

@@ -23,6 +23,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/temp_dir.h"
+
 namespace kvguard::audit {
 namespace {
 
@@ -167,11 +169,7 @@ std::vector<std::string> HexRuns(const std::string& text) {
 
 class SigningKeyTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = ::testing::TempDir() + "/signing_key_test.XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
+  void SetUp() override { dir_ = tests::NewTempDir("signing_key_test"); }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
   std::string Path(const std::string& name) const { return dir_ + "/" + name; }

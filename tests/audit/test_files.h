@@ -10,14 +10,12 @@
 #include <string>
 #include <string_view>
 
+#include "tests/temp_dir.h"
+
 namespace kvguard::audit::testing {
 
 // NewTempDir returns a fresh directory under the test's temporary directory.
-inline std::string NewTempDir() {
-  std::string tmpl = ::testing::TempDir() + "/audit_test.XXXXXX";
-  EXPECT_NE(mkdtemp(tmpl.data()), nullptr);
-  return tmpl;
-}
+inline std::string NewTempDir() { return tests::NewTempDir("audit_test"); }
 
 inline std::string ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -31,6 +31,7 @@
 #include "isolation/tenant_policy.h"
 #include "isolation/violation.h"
 #include "kernels/formats.h"
+#include "tests/temp_dir.h"
 
 namespace kvguard::isolation {
 namespace {
@@ -66,9 +67,7 @@ std::vector<AuditEvent> OfType(const std::vector<AuditEvent>& events, Type type)
 class GuardTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string tmpl = ::testing::TempDir() + "/guard_test.XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
+    dir_ = tests::NewTempDir("guard_test");
     // A key file rather than an ephemeral ring: the test can then read the keys and look for
     // them in every audit event.
     absl::StatusOr<std::unique_ptr<TagKeyRing>> ring = TagKeyRing::LoadOrCreate(KeyPath());

@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/temp_dir.h"
+
 namespace kvguard::isolation {
 namespace {
 
@@ -35,11 +37,7 @@ constexpr TagInput kInput = {.page = 0x0102030405060708,
 
 class TagKeyTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = ::testing::TempDir() + "/tag_key_test.XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
+  void SetUp() override { dir_ = tests::NewTempDir("tag_key_test"); }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
   std::string Path(const std::string& name) const { return dir_ + "/" + name; }

@@ -10,17 +10,14 @@
 #include <string>
 
 #include "tests/core/gguf/gguf_writer.h"
+#include "tests/temp_dir.h"
 
 namespace kvguard::core {
 namespace {
 
 class ChatFormatTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    std::string tmpl = ::testing::TempDir() + "/chat_format_test.XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
+  void SetUp() override { dir_ = tests::NewTempDir("chat_format_test"); }
   std::string Write(const std::string& name, const std::string& bytes) {
     const std::string path = dir_ + "/" + name;
     std::ofstream(path, std::ios::binary) << bytes;
