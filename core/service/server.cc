@@ -259,6 +259,18 @@ struct Server::Impl {
 
   void HandleCompletion(const httplib::Request& req, httplib::Response& res, bool chat);
   void HandleTokenize(const httplib::Request& req, httplib::Response& res, bool detokenize);
+  // LimitsFor: what the API's parsers check a request of `tenant` against (one place for every
+  // route, so /tokenize sees the model, body limit, vocabulary and chat format a completion does).
+  RequestLimits LimitsFor(const ServiceTenant& tenant) const {
+    RequestLimits limits;
+    limits.model = options.model_name;
+    limits.max_tokens = tenant.limits.tokens_per_request;
+    limits.default_max_tokens = options.default_max_tokens;
+    limits.max_prompt_bytes = options.max_body_bytes;
+    limits.vocab_size = engine->model().config().vocab_size;
+    limits.chat_format = &options.chat_format;
+    return limits;
+  }
   void StreamResponse(httplib::Response& res, RequestId id, CompletionRequest request,
                       std::shared_ptr<Stream> stream, std::shared_ptr<Admission> admission,
                       std::string tenant, int prompt_n, Clock::time_point start);
@@ -294,13 +306,7 @@ void Server::Impl::HandleCompletion(const httplib::Request& req, httplib::Respon
       return;
     }
   }
-  RequestLimits limits;
-  limits.model = options.model_name;
-  limits.max_tokens = tenant->limits.tokens_per_request;
-  limits.default_max_tokens = options.default_max_tokens;
-  limits.max_prompt_bytes = options.max_body_bytes;
-  limits.vocab_size = engine->model().config().vocab_size;
-  limits.chat_format = &options.chat_format;
+  const RequestLimits limits = LimitsFor(*tenant);
   CompletionRequest request;
   if (std::optional<ApiError> e = ParseCompletionRequest(req.body, chat, limits, &request)) {
     return refuse(*e);
@@ -553,10 +559,7 @@ void Server::Impl::HandleTokenize(const httplib::Request& req, httplib::Response
   const std::string route = detokenize ? "/detokenize" : "/tokenize";
   std::optional<ServiceTenant> tenant = Authenticate(req, res);
   if (!tenant) return Count("", route, res.status);
-  RequestLimits limits;
-  limits.model = options.model_name;
-  limits.max_prompt_bytes = options.max_body_bytes;
-  limits.vocab_size = engine->model().config().vocab_size;
+  const RequestLimits limits = LimitsFor(*tenant);
   std::optional<ApiError> error;
   json body;
   if (detokenize) {
@@ -565,7 +568,6 @@ void Server::Impl::HandleTokenize(const httplib::Request& req, httplib::Response
     if (!error) body = DetokenizeBody(*tokenizer, request.tokens);
   } else {
     TokenizeRequest request;
-    limits.chat_format = &options.chat_format;
     error = ParseTokenizeRequest(req.body, limits, &request);
     // The calls HandleCompletion makes (a text prompt's Encode; a chat's TokenizePrompt), so the
     // ids are the ones a completion of the same prompt or messages feeds the engine.
