@@ -6,11 +6,13 @@
 // x and y are small. Each iteration uses the next of several copies of W, more than 512 MiB in
 // all, so the weights come from DRAM, not from a last-level cache.
 //
-//   BM_MatMul/int4/<rows>x<cols>/batch:<3|7>/threads:2
+//   BM_MatMul/int4/<rows>x<cols>/batch:<3|7|16|64>/threads:2
 // the `small` model's decode matrices (fused Q/K/V 2304 x 768, O 768 x 768, fused gate/up
-// 4096 x 768, down 768 x 2048, output 32000 x 768) at the batches its FP8-KV / BF16-KV target runs
-// at (`kvguard bench --model small --context 2048 --kv-cache-bytes 288M`, C = 16: BF16 KV holds 3
-// requests at once, FP8 KV 7). At batch 7 INT4 is bound by arithmetic, not bytes: compare `flops`.
+// 4096 x 768, down 768 x 2048, output 32000 x 768) at the decode batches of serving under load
+// (16, 64: `kvguard bench --concurrency`, bench/serve_load.py) and those its FP8-KV / BF16-KV
+// target runs at (`kvguard bench --model small --context 2048 --kv-cache-bytes 288M`, C = 16: BF16
+// KV holds 3 requests at once, FP8 KV 7). At batch 7 INT4 is bound by arithmetic, not bytes:
+// compare `flops`.
 //
 //   BM_MatMulCached/<fp8|int4>/2048x2048/batch:1/threads:<1|2>
 // the `medium` model's attention projection shape, one copy of W read again every iteration
@@ -173,7 +175,7 @@ const bool kRegistered = [] {
   }
   const std::pair<int, int> small_shapes[] = {
       {2304, 768}, {768, 768}, {4096, 768}, {768, 2048}, {32000, 768}};
-  for (int batch : {3, 7}) {
+  for (int batch : {3, 7, 16, 64}) {
     for (const auto& [rows, cols] : small_shapes) {
       Register("BM_MatMul", WeightFormat::kInt4, rows, cols, batch, 2, false);
     }

@@ -93,7 +93,8 @@ void Codecs(FuzzedDataProvider& in) {
 
 void Int4MatMul(FuzzedDataProvider& in, ThreadPool* pool) {
   const int group = 32 << in.ConsumeIntegralInRange(0, 2);
-  const int rows = in.ConsumeIntegralInRange(1, 16);
+  // Up to 3 blocks of 16 rows: calls of one and of two blocks, partial last blocks.
+  const int rows = in.ConsumeIntegralInRange(1, 48);
   const int cols = group * in.ConsumeIntegralInRange(1, 3);
   const int batch = in.ConsumeIntegralInRange(1, 5);
   const float wr = in.ConsumeFloatingPointInRange<float>(1e-3f, 10.0f);

@@ -131,22 +131,31 @@ KVG_HOST_DEVICE inline uint16_t Fp16FromFloat(float x) {
 }
 
 // ------------------------------------------------------------------------------------------
-// Weight formats for y = W x.  W is [rows, cols] row-major (rows = output features).
+// Weight formats for y = W x.  W is [rows, cols] (rows = output features): row-major in FP32,
+// BF16 and FP8, in blocks of 16 rows in INT4 (below).
 // ------------------------------------------------------------------------------------------
 enum class WeightFormat : uint8_t { kFp32, kBf16, kFp8, kInt4 };
 
 // FP8 weights: one e4m3 byte per element, row-major [rows, cols], one FP32 scale per output
 // row (per output channel): scale[r] = max_c |W[r, c]| / 448.
 
-// INT4 weights: symmetric group quantisation along each row.
+// INT4 weights: symmetric group quantisation along each row, stored with rows in the lanes.
 //   group G in {32, 64, 128}; cols % G == 0.
-//   codes:  uint8 [rows, cols / 2]. Row r, group g occupies G/2 bytes starting at byte
-//           (r * cols + g * G) / 2. Byte i of a group holds element i in its low nibble and
-//           element i + G/2 in its high nibble, each stored as q + 8 (q in [-8, 7]).
-//           (Splitting a group into halves, rather than pairing neighbours, lets SIMD code
-//           unpack one load into two contiguous runs of elements with a mask and a shift.)
-//   scales: FP16 [rows, cols / G]; scale = max |w| over the group / 7, rounded to FP16 first,
-//           then q = clamp(rne(w / scale), -8, 7). A group of zeros has scale 0 and q = 0.
+//   scale:  max |w| over the group / 7, rounded to FP16 first, then q = clamp(rne(w / scale),
+//           -8, 7), stored as the code q + 8 in a nibble. A group of zeros has scale 0 and q = 0.
+//   codes:  rows in blocks of kInt4BlockRows = 16; the last block is padded with rows of code 8
+//           (q = 0) and scale 0. Block b (rows 16b .. 16b + 15) is 8 * cols bytes: cols / 8 tiles
+//           of 64 bytes, tile t holding columns 8t .. 8t + 7 of the 16 rows. Byte 4i + k of a
+//           tile (row 16b + i, k in 0..3) holds column 8t + k in its low nibble and 8t + 4 + k in
+//           its high nibble. Int4CodeByte below is the index.
+//   scales: FP16, per block [cols / G][16]: group g's scales of the block's 16 rows side by side.
+//   (Why rows in the lanes: a 64-byte load is 16 rows x 8 columns, so one integer dot-product
+//   instruction against 4 bytes of x broadcast to every lane adds 4 products to each of 16 rows,
+//   each row in its own int32 lane. A group's sum per row is then exact in int32 in one lane, and
+//   converting and scaling it costs one FMA per 16 rows and column. With rows along the bytes the
+//   16 lanes held 16 partial sums of one row, each converted and scaled: as many instructions as
+//   the dot products themselves, which bounded every batch > 1.)
+inline constexpr int kInt4BlockRows = 16;
 inline constexpr int kInt4ZeroPoint = 8;
 
 // WeightFormatName returns "fp32", "bf16", "fp8" or "int4".
@@ -158,22 +167,41 @@ inline constexpr const char* WeightFormatName(WeightFormat f) {
 }
 inline constexpr bool IsValidInt4Group(int g) { return g == 32 || g == 64 || g == 128; }
 
-// One 128-element INT4 group as stored: the unit the SIMD kernels consume.
-struct Int4Group128 {
-  uint8_t codes[64];  // [64] low nibble: element i, high nibble: element i + 64
-};
-static_assert(sizeof(Int4Group128) == 64);
+// Int4PaddedRows returns rows rounded up to whole blocks of kInt4BlockRows: the rows that INT4
+// codes and scales are stored for.
+KVG_HOST_DEVICE inline constexpr int64_t Int4PaddedRows(int64_t rows) {
+  return (rows + kInt4BlockRows - 1) / kInt4BlockRows * kInt4BlockRows;
+}
+
+// Int4CodeByte returns the index, in an INT4 matrix of `cols` columns, of the byte that holds
+// element (r, c): in its low nibble where c % 8 < 4, in its high nibble otherwise.
+KVG_HOST_DEVICE inline constexpr int64_t Int4CodeByte(int64_t r, int64_t c, int64_t cols) {
+  return (r / kInt4BlockRows) * (cols / 2 * kInt4BlockRows) + (c / 8) * 64 +
+         (r % kInt4BlockRows) * 4 + c % 4;
+}
+
+// Int4ScaleIndex returns the index of row r's group g scale, in an INT4 matrix of `groups`
+// groups per row.
+KVG_HOST_DEVICE inline constexpr int64_t Int4ScaleIndex(int64_t r, int64_t g, int64_t groups) {
+  return ((r / kInt4BlockRows) * groups + g) * kInt4BlockRows + r % kInt4BlockRows;
+}
+
+// Int4Code returns the stored code (q + 8, 0..15) of element (r, c) of INT4 codes.
+KVG_HOST_DEVICE inline int Int4Code(const uint8_t* codes, int64_t r, int64_t c, int64_t cols) {
+  const uint8_t byte = codes[Int4CodeByte(r, c, cols)];
+  return c % 8 < 4 ? (byte & 0xF) : (byte >> 4);
+}
 
 // WeightView is a non-owning view of a quantised weight matrix; which pointers are used
 // depends on `format`. All pointers stay owned by the caller.
 struct WeightView {
   WeightFormat format = WeightFormat::kFp32;
-  int rows = 0;                            // output features
-  int cols = 0;                            // input features
-  int group = 0;                           // INT4 group size (kInt4 only)
-  const void* data = nullptr;              // fp32 / bf16 / e4m3 [rows, cols]; int4 [rows, cols/2]
-  const float* row_scales = nullptr;       // [rows]          (kFp8 only)
-  const uint16_t* group_scales = nullptr;  // fp16 [rows, cols/group] (kInt4 only)
+  int rows = 0;                       // output features
+  int cols = 0;                       // input features
+  int group = 0;                      // INT4 group size (kInt4 only)
+  const void* data = nullptr;         // fp32 / bf16 / e4m3 [rows, cols]; int4 blocks (see above)
+  const float* row_scales = nullptr;  // [rows]          (kFp8 only)
+  const uint16_t* group_scales = nullptr;  // fp16, per block [cols/group][16] (kInt4 only)
 };
 
 // WeightBytes returns the bytes a full pass over `w` reads (codes plus scales).
@@ -186,8 +214,10 @@ inline size_t WeightBytes(const WeightView& w) {
       return n * 2;
     case WeightFormat::kFp8:
       return n + static_cast<size_t>(w.rows) * 4;
-    case WeightFormat::kInt4:
-      return n / 2 + (w.group > 0 ? n / static_cast<size_t>(w.group) * 2 : 0);
+    case WeightFormat::kInt4: {
+      const size_t padded = static_cast<size_t>(Int4PaddedRows(w.rows)) * w.cols;
+      return padded / 2 + (w.group > 0 ? padded / static_cast<size_t>(w.group) * 2 : 0);
+    }
   }
   return 0;
 }

@@ -25,8 +25,8 @@ enum class MatMulActivations { kExact, kBf16 };
 //   x: [batch, w.cols] row-major FP32; y: [batch, w.rows] row-major FP32 (overwritten).
 //   batch >= 1 (the kernels take calls of up to 64 columns, 512 on BF16 dot products; larger
 //   batches run as calls of balanced sizes). `pool` may be null (single-threaded). Preconditions
-//   (CHECKed): a non-empty view, batch in range, FP8 row scales, INT4 group 32/64/128 dividing cols
-//   and at most 1024 groups per row.
+//   (CHECKed): a non-empty view, batch in range, FP8 row scales, INT4 group 32/64/128 dividing
+//   cols.
 // MatMulArithmeticFor says how y is computed; the error bounds are derived in matmul.cc and
 // matmul_bf16dot.cc. A non-finite x makes that column's outputs inf or NaN. Safe to call from
 // several threads at once, each with its own pool (or none): per-call scratch is per thread.

@@ -36,12 +36,8 @@ double WeightAt(const WeightView& w, int64_t r, int64_t c) {
       return static_cast<double>(Fp8E4m3ToFloat(bytes[i])) * w.row_scales[r];
     case WeightFormat::kInt4: {
       const int64_t g = w.group;
-      const int64_t start = r * w.cols + c / g * g;  // first element of the group
-      const int64_t k = c % g;
-      const uint8_t byte = bytes[start / 2 + k % (g / 2)];
-      const int nibble = k < g / 2 ? (byte & 0xF) : (byte >> 4);
-      const double scale = Fp16ToFloat(w.group_scales[r * (w.cols / g) + c / g]);
-      return (nibble - kInt4ZeroPoint) * scale;
+      const double scale = Fp16ToFloat(w.group_scales[Int4ScaleIndex(r, c / g, w.cols / g)]);
+      return (Int4Code(bytes, r, c, w.cols) - kInt4ZeroPoint) * scale;
     }
   }
   return 0.0;

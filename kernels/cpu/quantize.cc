@@ -45,33 +45,31 @@ void QuantizeFp8(const float* w, QuantizedMatrix& q) {
   }
 }
 
-// Symmetric INT4 groups, exactly as formats.h lays them out (low nibble: element i, high nibble:
-// element i + G/2, both stored as q + 8).
+// Symmetric INT4 groups, exactly as formats.h lays them out: rows in blocks of 16, the rows past
+// `rows` in the last block stored as code 8 (q = 0) with scale 0.
 void QuantizeInt4(const float* w, QuantizedMatrix& q) {
   const int rows = q.rows, cols = q.cols, g = q.group;
   const int groups_per_row = cols / g;
-  q.data.resize(static_cast<size_t>(rows) * cols / 2);
-  q.group_scales.resize(static_cast<size_t>(rows) * groups_per_row);
-  int8_t codes[128];
+  const int64_t padded = Int4PaddedRows(rows);
+  q.data.assign(static_cast<size_t>(padded) * cols / 2, 0x88);
+  q.group_scales.assign(static_cast<size_t>(padded) * groups_per_row, 0);
   for (int r = 0; r < rows; ++r) {
     for (int gi = 0; gi < groups_per_row; ++gi) {
       const float* src = w + static_cast<size_t>(r) * cols + static_cast<size_t>(gi) * g;
       const uint16_t scale_bits = Fp16FromFloat(RowAbsMax(src, g) / 7.0f);
       ABSL_RAW_CHECK((scale_bits & 0x7C00u) != 0x7C00u,
                      "QuantizeMatrix: INT4 group scale overflows FP16 (needs max |w| < 7 * 65520)");
-      q.group_scales[static_cast<size_t>(r) * groups_per_row + gi] = scale_bits;
+      q.group_scales[Int4ScaleIndex(r, gi, groups_per_row)] = scale_bits;
       const float scale = Fp16ToFloat(scale_bits);
       for (int i = 0; i < g; ++i) {
         // scale == 0: an all-zero group, or one whose max/7 is below half the smallest FP16
         // subnormal (2^-25); q = 0 keeps it finite, with |w - 0| < 3.5 * 2^-24.
         const float v = scale == 0.0f ? 0.0f : std::nearbyint(src[i] / scale);
-        codes[i] = static_cast<int8_t>(std::clamp(v, -8.0f, 7.0f));
-      }
-      uint8_t* out =
-          q.data.data() + (static_cast<size_t>(r) * cols + static_cast<size_t>(gi) * g) / 2;
-      for (int i = 0; i < g / 2; ++i) {
-        out[i] = static_cast<uint8_t>((codes[i] + kInt4ZeroPoint) |
-                                      ((codes[i + g / 2] + kInt4ZeroPoint) << 4));
+        const int code = static_cast<int>(std::clamp(v, -8.0f, 7.0f)) + kInt4ZeroPoint;
+        const int c = gi * g + i;
+        uint8_t& byte = q.data[Int4CodeByte(r, c, cols)];
+        byte = c % 8 < 4 ? static_cast<uint8_t>((byte & 0xF0) | code)
+                         : static_cast<uint8_t>((byte & 0x0F) | (code << 4));
       }
     }
   }
@@ -154,13 +152,10 @@ std::vector<float> DequantizeMatrix(const WeightView& w) {
       const size_t g = static_cast<size_t>(w.group);
       for (size_t r = 0; r < rows; ++r) {
         for (size_t c = 0; c < cols; ++c) {
-          const size_t start = r * cols + c / g * g;  // first element of c's group
-          const size_t i = c % g;
-          const uint8_t byte = bytes[start / 2 + i % (g / 2)];
-          const int nibble = i < g / 2 ? (byte & 0xF) : (byte >> 4);
-          const float scale = Fp16ToFloat(w.group_scales[r * (cols / g) + c / g]);
+          const int code = Int4Code(bytes, r, c, cols);
+          const float scale = Fp16ToFloat(w.group_scales[Int4ScaleIndex(r, c / g, cols / g)]);
           // |q| <= 8 and an FP16 scale has 11 significant bits, so the product is exact.
-          out[r * cols + c] = static_cast<float>(nibble - kInt4ZeroPoint) * scale;
+          out[r * cols + c] = static_cast<float>(code - kInt4ZeroPoint) * scale;
         }
       }
       break;

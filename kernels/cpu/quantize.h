@@ -21,7 +21,7 @@ struct QuantizedMatrix {
   int group = 0;                       // INT4 only
   HugePageVector<uint8_t> data;        // bytes of the codes, layout per format (formats.h)
   std::vector<float> row_scales;       // FP8: [rows]
-  std::vector<uint16_t> group_scales;  // INT4: fp16 [rows, cols / group]
+  std::vector<uint16_t> group_scales;  // INT4: fp16, per block of 16 rows [cols / group][16]
 
   WeightView view() const;
 };

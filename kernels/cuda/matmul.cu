@@ -2,8 +2,8 @@
 // batch tiles of 8 columns). The block walks the columns in chunks of kColTile: the chunk of its
 // 8 columns of x goes to shared memory, then every warp streams its row's weights of the chunk,
 // each lane 4 bytes at a time (1 FP32, 2 BF16, 4 FP8 or 8 INT4 weights), reading the matching
-// x as one 4- or 2-element vector (conflict-free), and keeps 8 accumulators. A warp sum per
-// column ends the row.
+// x as one 4- or 2-element vector (INT4: two, 4 floats apart; conflict-free), and keeps 8
+// accumulators. A warp sum per column ends the row.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -48,16 +48,17 @@ __global__ void __launch_bounds__(kWarps * 32)
     __syncthreads();
     if (!live) continue;
     if constexpr (F == WeightFormat::kInt4) {
-      // Row bytes of this chunk: [c0 / 2, (c0 + span) / 2); byte k of a group (G / 2 bytes)
-      // holds element k in its low nibble and k + G / 2 in its high one, as code + 8.
-      const uint8_t* codes = data + static_cast<size_t>(row) * (cols / 2);
-      const uint16_t* scales = w.group_scales + static_cast<size_t>(row) * (cols / G);
-      for (int k = lane * 4; k < span / 2; k += 32 * 4) {
-        const int byte = c0 / 2 + k;  // in the row; the 4 bytes share a group (4 | G/2)
-        const int g = byte / (G / 2), i = byte % (G / 2);
-        const uint32_t four = *reinterpret_cast<const uint32_t*>(codes + byte);
-        const float s = __half2float(__ushort_as_half(scales[g]));
-        const int lo = g * G + i - c0, hi = lo + G / 2;  // x offsets within the chunk
+      // Eight columns per lane at a time: 4 bytes of the row's 64-byte tile (formats.h) hold
+      // columns c .. c + 3 in their low nibbles and c + 4 .. c + 7 in their high ones, as
+      // code + 8. c0 and c are multiples of 8, so the 8 columns share one group (8 | G).
+      const int groups = cols / G;
+      for (int c = lane * 8; c < span; c += 32 * 8) {
+        const int col = c0 + c;
+        const uint32_t four =
+            *reinterpret_cast<const uint32_t*>(data + Int4CodeByte(row, col, cols));
+        const float s =
+            __half2float(__ushort_as_half(w.group_scales[Int4ScaleIndex(row, col / G, groups)]));
+        const int lo = c, hi = c + 4;  // x offsets within the chunk
         float wl[4], wh[4];
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
@@ -65,10 +66,15 @@ __global__ void __launch_bounds__(kWarps * 32)
           wl[q] = static_cast<float>((code & 0xF) - kInt4ZeroPoint) * s;
           wh[q] = static_cast<float>((code >> 4) - kInt4ZeroPoint) * s;
         }
+        // Lane l reads x 32 bytes after lane l - 1, so lanes l and l + 4 would hit the same
+        // banks (a 128-bit load is served 8 lanes at a time): lanes 4..7 of every 8 read their
+        // high half first, spreading each load's 8 lanes over all 32 banks.
+        const bool swap = (lane >> 2) & 1;
 #pragma unroll
         for (int b = 0; b < kBatchTile; ++b) {
-          const float4 xl = *reinterpret_cast<const float4*>(&x_s[b][lo]);
-          const float4 xh = *reinterpret_cast<const float4*>(&x_s[b][hi]);
+          const float4 xa = *reinterpret_cast<const float4*>(&x_s[b][swap ? hi : lo]);
+          const float4 xb = *reinterpret_cast<const float4*>(&x_s[b][swap ? lo : hi]);
+          const float4 xl = swap ? xb : xa, xh = swap ? xa : xb;
           float a = acc[b];
           a = fmaf(wl[0], xl.x, a);
           a = fmaf(wl[1], xl.y, a);

@@ -1,5 +1,5 @@
-// Tests for MatMul: every weight format x batch {1, 2, 3, 7, 8, 16, 64} x shapes (odd row
-// counts, cols from 1 to 4096, partial INT4 chunks) x {no pool, 2 threads} x every Highway
+// Tests for MatMul: every weight format x batch {1, 2, 3, 7, 8, 16, 37, 64} x shapes (odd row
+// counts, partial 16-row INT4 blocks, cols from 1 to 4096) x {no pool, 2 threads} x every Highway
 // target this CPU supports, each output checked against ref::MatMul on the dequantised weights
 // with a named error budget computed from the data of that output.
 #include "kernels/cpu/matmul.h"
@@ -28,7 +28,7 @@ constexpr double kU = 0x1p-24;  // FP32 unit roundoff
 // Error budgets (|y - y_ref| <= budget, per output):
 //
 // FpAccumulationBudget: FP32 accumulation. Every kernel keeps >= 16 independent partial sums
-// per output (lanes x accumulators; INT4: one term per 128-element chunk or group), so each
+// per output (lanes x accumulators; INT4: one FMA per group, cols / 32 at most), so each
 // partial sum chains at most cols/16 + 9 rounded FMAs (remainder steps included); combining
 // them adds <= 8 levels (accumulators, then lanes), the row scale (FP8) or group scale product
 // (INT4) 2 more, and the reference's own rounding to FP32 (and FP8's FP32 dequantised weights)
@@ -54,8 +54,9 @@ struct Shape {
   int rows, cols, group;
 };
 
-// Row counts 1, 13, 257 and others not multiples of the row block (16); INT4 cols multiples of
-// the group, including cols % 128 != 0 (a partial 64-byte chunk of codes) and odd chunk counts.
+// Row counts 1, 13, 257 and others not multiples of the row block (16): INT4's padded last block,
+// passes of 64 rows with blocks left over; INT4 cols multiples of each group size, including
+// cols % 128 != 0.
 const Shape kInt4Shapes[] = {{1, 4096, 128}, {13, 96, 32},  {257, 32, 32}, {16, 160, 32},
                              {17, 192, 64},  {3, 384, 128}, {1, 4096, 32}, {5, 128, 64}};
 // Float formats also take any cols: tails of every length below a vector.
@@ -247,29 +248,36 @@ TEST_F(MatMulTest, AColumnsOutputsDoNotDependOnTheBatch) {
     const int cols = f == WeightFormat::kInt4 ? 640 : 601;
     const std::vector<float> w = RandomWeights(rows, cols, 21);
     const std::vector<float> x = RandomActivations(total, cols, 22);
-    const QuantizedMatrix q = QuantizeMatrix(w.data(), rows, cols, f, 128);
-    for (MatMulActivations act : {MatMulActivations::kExact, MatMulActivations::kBf16}) {
-      for (int64_t target : targets_) {
-        ForceTarget(target);
-        std::vector<float> all(static_cast<size_t>(total) * rows);
-        MatMul(q.view(), x.data(), total, all.data(), &pool2_, act);
-        for (int batch : {1, 3, 16, 17, 40, 64, 65, 257, 512}) {
-          for (int first : {0, total - batch}) {
-            SCOPED_TRACE(std::string(WeightFormatName(f)) + " " + TargetName(target) +
-                         (act == MatMulActivations::kBf16 ? " bf16 x" : "") + " batch " +
-                         std::to_string(batch) + " from column " + std::to_string(first));
-            std::vector<float> part(static_cast<size_t>(batch) * rows);
-            MatMul(q.view(), x.data() + static_cast<size_t>(first) * cols, batch, part.data(),
-                   &pool2_, act);
-            for (size_t i = 0; i < part.size(); ++i) {
-              ASSERT_EQ(std::bit_cast<uint32_t>(part[i]),
-                        std::bit_cast<uint32_t>(all[static_cast<size_t>(first) * rows + i]))
-                  << "output " << i;
+    // INT4 at every group size: 4, 8 or 16 tiles of 8 columns per group.
+    for (int group :
+         f == WeightFormat::kInt4 ? std::vector<int>{32, 64, 128} : std::vector<int>{128}) {
+      const QuantizedMatrix q = QuantizeMatrix(w.data(), rows, cols, f, group);
+      for (MatMulActivations act : {MatMulActivations::kExact, MatMulActivations::kBf16}) {
+        // INT4 ignores the activation mode (Fp32AndInt4IgnoreBf16Activations): once is enough.
+        if (f == WeightFormat::kInt4 && act == MatMulActivations::kBf16) continue;
+        for (int64_t target : targets_) {
+          ForceTarget(target);
+          std::vector<float> all(static_cast<size_t>(total) * rows);
+          MatMul(q.view(), x.data(), total, all.data(), &pool2_, act);
+          for (int batch : {1, 3, 16, 17, 40, 64, 65, 257, 512}) {
+            for (int first : {0, total - batch}) {
+              SCOPED_TRACE(std::string(WeightFormatName(f)) + " group " + std::to_string(group) +
+                           " " + TargetName(target) +
+                           (act == MatMulActivations::kBf16 ? " bf16 x" : "") + " batch " +
+                           std::to_string(batch) + " from column " + std::to_string(first));
+              std::vector<float> part(static_cast<size_t>(batch) * rows);
+              MatMul(q.view(), x.data() + static_cast<size_t>(first) * cols, batch, part.data(),
+                     &pool2_, act);
+              for (size_t i = 0; i < part.size(); ++i) {
+                ASSERT_EQ(std::bit_cast<uint32_t>(part[i]),
+                          std::bit_cast<uint32_t>(all[static_cast<size_t>(first) * rows + i]))
+                    << "output " << i;
+              }
             }
           }
         }
+        ResetTarget();
       }
-      ResetTarget();
     }
   }
 }

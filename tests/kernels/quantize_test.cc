@@ -32,13 +32,19 @@ uint16_t Bf16At(const QuantizedMatrix& q, size_t i) {
   return h;
 }
 
-// Nibble returns the stored INT4 code (q + 8) of W[r, c], decoding formats.h's layout by hand.
+// Nibble returns the stored INT4 code (q + 8) of W[r, c], decoding formats.h's layout by hand:
+// blocks of 16 rows, 64-byte tiles of 8 columns, row i's 4 bytes at 4i, columns 0..3 of the tile
+// in the low nibbles and 4..7 in the high ones.
 int Nibble(const QuantizedMatrix& q, int r, int c) {
-  const int g = q.group;
-  const size_t group_start = static_cast<size_t>(r) * q.cols + static_cast<size_t>(c / g) * g;
-  const int i = c % g;
-  const uint8_t byte = q.data[group_start / 2 + i % (g / 2)];
-  return i < g / 2 ? (byte & 0xF) : (byte >> 4);
+  const size_t block = r / 16, row = r % 16, tile = c / 8;
+  const uint8_t byte = q.data[block * 16 * q.cols / 2 + tile * 64 + row * 4 + c % 4];
+  return c % 8 < 4 ? (byte & 0xF) : (byte >> 4);
+}
+
+// GroupScale returns the stored FP16 scale of row r's group gi (per block [groups][16 rows]).
+uint16_t GroupScale(const QuantizedMatrix& q, int r, int gi) {
+  const size_t groups = q.cols / q.group;
+  return q.group_scales[(r / 16 * groups + gi) * 16 + r % 16];
 }
 
 TEST(QuantizeTest, Fp32IsACopy) {
@@ -123,10 +129,11 @@ TEST(QuantizeTest, Fp8ZeroAndExtremeRows) {
 
 TEST(QuantizeTest, Int4LayoutByHand) {
   // Integers in [-7, 7] with max |w| = 7: the group scale is exactly 1 (FP16 0x3C00) and
-  // q = w, so every nibble is known in advance.
+  // q = w, so every nibble is known in advance. 17 rows: a full block of 16 and one row of a
+  // second, padded with code 8 (q = 0) and scale 0.
   for (int g : {32, 64, 128}) {
     SCOPED_TRACE(g);
-    const int rows = 3, cols = 2 * g;
+    const int rows = 17, cols = 2 * g, padded = 32;
     std::vector<float> w(static_cast<size_t>(rows) * cols);
     for (int r = 0; r < rows; ++r) {
       for (int c = 0; c < cols; ++c) w[r * cols + c] = static_cast<float>((c * 5 + r) % 15 - 7);
@@ -135,17 +142,22 @@ TEST(QuantizeTest, Int4LayoutByHand) {
     }
     const QuantizedMatrix q = QuantizeMatrix(w.data(), rows, cols, WeightFormat::kInt4, g);
     ASSERT_EQ(q.group, g);
-    ASSERT_EQ(q.data.size(), w.size() / 2);
-    ASSERT_EQ(q.group_scales.size(), static_cast<size_t>(rows) * 2);
-    for (uint16_t s : q.group_scales) EXPECT_EQ(s, 0x3C00);
-    for (int r = 0; r < rows; ++r) {
+    ASSERT_EQ(q.data.size(), static_cast<size_t>(padded) * cols / 2);
+    ASSERT_EQ(q.group_scales.size(), static_cast<size_t>(padded) * 2);
+    for (int r = 0; r < padded; ++r) {
       for (int gi = 0; gi < 2; ++gi) {
-        // Byte i of group gi of row r: element i (low nibble), element i + g/2 (high nibble).
-        const uint8_t* bytes = q.data.data() + (r * cols + gi * g) / 2;
-        for (int i = 0; i < g / 2; ++i) {
-          const int lo = static_cast<int>(w[r * cols + gi * g + i]) + 8;
-          const int hi = static_cast<int>(w[r * cols + gi * g + i + g / 2]) + 8;
-          ASSERT_EQ(bytes[i], lo | (hi << 4)) << r << "," << gi << "," << i;
+        EXPECT_EQ(GroupScale(q, r, gi), r < rows ? 0x3C00 : 0) << r << "," << gi;
+      }
+    }
+    for (int r = 0; r < padded; ++r) {
+      for (int t = 0; t < cols / 8; ++t) {
+        // Byte 4i + k of tile t of the block: column 8t + k (low nibble), 8t + 4 + k (high).
+        const uint8_t* bytes = q.data.data() + static_cast<size_t>(r / 16) * 16 * cols / 2 +
+                               static_cast<size_t>(t) * 64 + (r % 16) * 4;
+        for (int k = 0; k < 4; ++k) {
+          const int lo = r < rows ? static_cast<int>(w[r * cols + 8 * t + k]) + 8 : 8;
+          const int hi = r < rows ? static_cast<int>(w[r * cols + 8 * t + 4 + k]) + 8 : 8;
+          ASSERT_EQ(bytes[k], lo | (hi << 4)) << r << "," << t << "," << k;
         }
       }
     }
@@ -156,7 +168,7 @@ TEST(QuantizeTest, Int4LayoutByHand) {
     EXPECT_EQ(v.group, g);
     EXPECT_EQ(v.group_scales, q.group_scales.data());
     EXPECT_EQ(v.row_scales, nullptr);
-    EXPECT_EQ(WeightBytes(v), w.size() / 2 + w.size() / g * 2);
+    EXPECT_EQ(WeightBytes(v), static_cast<size_t>(padded) * cols / 2 + padded * cols / g * 2);
   }
 }
 
@@ -171,7 +183,7 @@ TEST(QuantizeTest, Int4RoundTripWithinHalfAScale) {
       for (int gi = 0; gi < cols / g; ++gi) {
         float amax = 0;
         for (int i = 0; i < g; ++i) amax = std::max(amax, std::fabs(w[r * cols + gi * g + i]));
-        const uint16_t s16 = q.group_scales[r * (cols / g) + gi];
+        const uint16_t s16 = GroupScale(q, r, gi);
         ASSERT_EQ(s16, Fp16FromFloat(amax / 7.0f)) << r << "," << gi;
         const float scale = Fp16ToFloat(s16);
         for (int i = 0; i < g; ++i) {
@@ -204,19 +216,19 @@ TEST(QuantizeTest, Int4ZeroSubnormalAndTieGroups) {
   w[3 * g + 3] = -0.5f;
   const QuantizedMatrix q = QuantizeMatrix(w.data(), 1, cols, WeightFormat::kInt4, g);
   const std::vector<float> deq = DequantizeMatrix(q.view());
-  EXPECT_EQ(q.group_scales[0], 0);  // a group of zeros has scale 0 and q = 0
+  EXPECT_EQ(GroupScale(q, 0, 0), 0);  // a group of zeros has scale 0 and q = 0
   for (int i = 0; i < g; ++i) EXPECT_EQ(Nibble(q, 0, i), 8) << i;
-  EXPECT_EQ(q.group_scales[1], 0x0001);
+  EXPECT_EQ(GroupScale(q, 0, 1), 0x0001);
   EXPECT_EQ(Nibble(q, 0, g), 0);       // clamped to -8
   EXPECT_EQ(Nibble(q, 0, g + 1), 15);  // exactly 7
-  EXPECT_EQ(q.group_scales[2], 0);
+  EXPECT_EQ(GroupScale(q, 0, 2), 0);
   EXPECT_EQ(Nibble(q, 0, 2 * g), 8);
-  EXPECT_EQ(q.group_scales[3], 0x3C00);
+  EXPECT_EQ(GroupScale(q, 0, 3), 0x3C00);
   EXPECT_EQ(Nibble(q, 0, 3 * g + 1), 8 + 2);
   EXPECT_EQ(Nibble(q, 0, 3 * g + 2), 8 + 4);
   EXPECT_EQ(Nibble(q, 0, 3 * g + 3), 8 + 0);
   for (int c = 0; c < cols; ++c) {
-    const float scale = Fp16ToFloat(q.group_scales[c / g]);
+    const float scale = Fp16ToFloat(GroupScale(q, 0, c / g));
     ASSERT_TRUE(std::isfinite(deq[c]));
     ASSERT_LE(std::fabs(w[c] - deq[c]), std::max(scale / 2, 3.5f * 0x1p-24f)) << c;
   }
@@ -228,7 +240,7 @@ TEST(QuantizeTest, Int4LargestScaleAccepted) {
   w[0] = 7 * 65504.0f;
   w[5] = -3 * 65504.0f;
   const QuantizedMatrix q = QuantizeMatrix(w.data(), 1, 32, WeightFormat::kInt4, 32);
-  EXPECT_EQ(q.group_scales[0], 0x7BFF);
+  EXPECT_EQ(GroupScale(q, 0, 0), 0x7BFF);
   EXPECT_EQ(DequantizeMatrix(q.view()), w);
 }
 
@@ -251,7 +263,7 @@ TEST(QuantizeTest, ValidInt4GroupsAccepted) {  // positive twin of InvalidInt4Gr
   const auto w = RandomMatrix(2, 192, 5);
   for (int g : {32, 64}) {
     const QuantizedMatrix q = QuantizeMatrix(w.data(), 2, 192, WeightFormat::kInt4, g);
-    EXPECT_EQ(q.group_scales.size(), 2u * 192 / g);
+    EXPECT_EQ(q.group_scales.size(), 16u * 192 / g);  // rows padded to a block of 16
   }
   // The group is ignored by the other formats.
   EXPECT_EQ(QuantizeMatrix(w.data(), 2, 192, WeightFormat::kFp8, 0).data.size(), 2u * 192);
