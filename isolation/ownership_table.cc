@@ -1,5 +1,6 @@
 #include "isolation/ownership_table.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -8,6 +9,16 @@
 #include "absl/strings/str_cat.h"
 
 namespace kvguard::isolation {
+namespace {
+
+// Holds says whether a page in `state` holds a tag derived at its grant or publication: owned,
+// quarantined (owned, unreadable) or shared.
+bool Holds(PageState state) {
+  return state == PageState::kOwned || state == PageState::kQuarantined ||
+         state == PageState::kShared;
+}
+
+}  // namespace
 
 OwnershipTable::OwnershipTable(int num_pages, const TagKeyRing* keys,
                                std::function<void(int32_t)> scrub)
@@ -105,8 +116,8 @@ absl::Status OwnershipTable::GrantMany(const Owner& owner, int count, std::vecto
   return absl::OkStatus();
 }
 
-std::optional<Violation> OwnershipTable::CheckLocked(const Owner& owner, const PageGrant& grant,
-                                                     int32_t index) const {
+Violation OwnershipTable::ViolationAtLocked(const Owner& owner, const PageGrant& grant,
+                                            int32_t index) const {
   Violation v;
   v.requester = owner;
   v.page = grant.page;
@@ -119,7 +130,17 @@ std::optional<Violation> OwnershipTable::CheckLocked(const Owner& owner, const P
   const Page& page = pages_[static_cast<size_t>(grant.page)];
   v.actual_generation = page.generation;
   v.actual_owner = page.owner;
+  v.actual_domain = page.domain;
+  return v;
+}
+
+std::optional<Violation> OwnershipTable::CheckLocked(const Owner& owner, const PageGrant& grant,
+                                                     int32_t index) const {
+  Violation v = ViolationAtLocked(owner, grant, index);
+  if (v.kind == ViolationKind::kInvalidPage) return v;
+  const Page& page = pages_[static_cast<size_t>(grant.page)];
   const bool current = page.generation == grant.generation;
+  // A shared page has no owner session: a private grant to it is another's (or stale).
   if (page.state == PageState::kFree || page.state == PageState::kLimbo) {
     v.kind = current ? ViolationKind::kPageNotOwned : ViolationKind::kStaleGeneration;
     return v;
@@ -148,15 +169,141 @@ std::optional<Violation> OwnershipTable::CheckLocked(const Owner& owner, const P
 }
 
 std::optional<Violation> OwnershipTable::Verify(const Owner& owner,
-                                                std::span<const PageGrant> grants) const {
+                                                std::span<const PageGrant> grants,
+                                                std::span<const DomainId> readable) const {
   std::lock_guard<std::mutex> lock(mu_);
 #if KVGUARD_FAULT_INJECTION
   if (faults_.skip_last_grant && !grants.empty()) grants = grants.first(grants.size() - 1);
 #endif
   for (size_t i = 0; i < grants.size(); ++i) {
-    if (auto v = CheckLocked(owner, grants[i], static_cast<int32_t>(i))) return v;
+    const int32_t index = static_cast<int32_t>(i);
+    std::optional<Violation> v = grants[i].shared
+                                     ? CheckReadLocked(owner, grants[i], index, readable, true)
+                                     : CheckLocked(owner, grants[i], index);
+    if (v) return v;
   }
   return std::nullopt;
+}
+
+std::optional<Violation> OwnershipTable::CheckReadLocked(const Owner& owner, const PageGrant& grant,
+                                                         int32_t index,
+                                                         std::span<const DomainId> readable,
+                                                         bool need_reader) const {
+  Violation v = ViolationAtLocked(owner, grant, index);
+  if (v.kind == ViolationKind::kInvalidPage) return v;
+  const Page& page = pages_[static_cast<size_t>(grant.page)];
+  if (!grant.shared) {
+    v.kind = ViolationKind::kNoReadGrant;
+    return v;
+  }
+  if (page.state != PageState::kShared || page.generation != grant.generation) {
+    v.kind = ViolationKind::kReadAfterEviction;
+    return v;
+  }
+  if (!TagsEqual(page.tag, grant.tag)) {
+    v.kind = ViolationKind::kTagMismatch;
+    return v;
+  }
+  if (std::find(readable.begin(), readable.end(), page.domain) == readable.end()) {
+    v.kind = ViolationKind::kForeignDomainRead;
+    return v;
+  }
+  if (need_reader &&
+      std::find(page.readers.begin(), page.readers.end(), owner) == page.readers.end()) {
+    v.kind = ViolationKind::kNoReadGrant;
+    return v;
+  }
+  return std::nullopt;
+}
+
+std::optional<Violation> OwnershipTable::VerifyWritable(const Owner& owner,
+                                                        const PageGrant& grant) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool in_range = grant.page >= 0 && static_cast<size_t>(grant.page) < pages_.size();
+  if (grant.shared ||
+      (in_range && pages_[static_cast<size_t>(grant.page)].state == PageState::kShared)) {
+    Violation v = ViolationAtLocked(owner, grant, -1);
+    v.kind = ViolationKind::kWriteIntoSharedPage;
+    return v;
+  }
+  return CheckLocked(owner, grant, -1);
+}
+
+absl::StatusOr<OwnershipTable::Published> OwnershipTable::Publish(const Owner& owner,
+                                                                  const PageGrant& grant,
+                                                                  DomainId domain) {
+  if (domain == kNoDomain) return absl::InvalidArgumentError("publish into no cache domain");
+  if (grant.shared) return absl::InvalidArgumentError("publish through a read grant");
+  std::lock_guard<std::mutex> lock(mu_);
+  const KeyId key_id = keys_->active_id();
+  if (std::optional<Violation> v = CheckLocked(owner, grant, -1)) return Published{v, {}};
+  Page& page = pages_[static_cast<size_t>(grant.page)];
+  if (page.copies > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("page ", grant.page, " has a copy in flight; publish it after the copy"));
+  }
+  const uint64_t generation = page.generation + 1;
+  absl::StatusOr<kernels::PageTag> tag = keys_->Derive(
+      key_id, TagInput{static_cast<uint64_t>(grant.page), generation, domain, kNoSession});
+  if (!tag.ok()) return tag.status();
+  page.state = PageState::kShared;
+  page.owner = Owner{};
+  page.generation = generation;
+  page.key_id = key_id;
+  page.tag = *tag;
+  page.domain = domain;
+  page.readers.assign(1, owner);
+  page.scrub = false;
+  SetTagLocked(grant.page, *tag);
+  return Published{std::nullopt, PageGrant{grant.page, generation, *tag, true}};
+}
+
+std::optional<Violation> OwnershipTable::AcquireRead(const Owner& owner, const PageGrant& entry,
+                                                     std::span<const DomainId> readable) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (std::optional<Violation> v = CheckReadLocked(owner, entry, -1, readable, false)) return v;
+  std::vector<Owner>& readers = pages_[static_cast<size_t>(entry.page)].readers;
+  if (std::find(readers.begin(), readers.end(), owner) == readers.end()) readers.push_back(owner);
+  return std::nullopt;
+}
+
+std::optional<Violation> OwnershipTable::ReleaseRead(const Owner& owner, const PageGrant& read) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Violation v = ViolationAtLocked(owner, read, -1);
+  if (v.kind == ViolationKind::kInvalidPage) return v;
+  Page& page = pages_[static_cast<size_t>(read.page)];
+  const auto reader = std::find(page.readers.begin(), page.readers.end(), owner);
+  if (!read.shared || page.state != PageState::kShared || page.generation != read.generation ||
+      reader == page.readers.end()) {
+    v.kind = ViolationKind::kStaleRelease;
+    return v;
+  }
+  if (!TagsEqual(page.tag, read.tag)) {
+    v.kind = ViolationKind::kTagMismatch;
+    return v;
+  }
+  page.readers.erase(reader);
+  return std::nullopt;
+}
+
+absl::Status OwnershipTable::Evict(const PageGrant& entry, bool scrub) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (entry.page < 0 || static_cast<size_t>(entry.page) >= pages_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("evict: no page ", entry.page));
+  }
+  const Page& page = pages_[static_cast<size_t>(entry.page)];
+  if (!entry.shared || page.state != PageState::kShared || page.generation != entry.generation ||
+      !TagsEqual(page.tag, entry.tag)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "evict: page ", entry.page, " is no longer that shared page (evicted or reused since)"));
+  }
+  if (!page.readers.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("evict: page ", entry.page, " has ", page.readers.size(), " readers"));
+  }
+  RetireLocked(entry.page, scrub);
+  ReclaimLocked();
+  return absl::OkStatus();
 }
 
 std::optional<Violation> OwnershipTable::Release(const Owner& owner, const PageGrant& grant,
@@ -183,21 +330,27 @@ std::optional<Violation> OwnershipTable::Release(const Owner& owner, const PageG
   }
 #endif
   if (v) return v;
-  Page& page = pages_[static_cast<size_t>(grant.page)];
+  RetireLocked(grant.page, scrub);
+  ReclaimLocked();
+  return std::nullopt;
+}
+
+void OwnershipTable::RetireLocked(int32_t p, bool scrub) {
+  Page& page = pages_[static_cast<size_t>(p)];
   page.scrub = scrub || page.state == PageState::kQuarantined;
   page.state = PageState::kLimbo;
   page.owner = Owner{};
   page.tag = kernels::PageTag{};
+  page.domain = kNoDomain;
+  page.readers.clear();
 #if KVGUARD_FAULT_INJECTION
   if (!faults_.skip_generation_bump) ++page.generation;
 #else
   ++page.generation;
 #endif
   page.retire_ticket = next_ticket_;
-  SetTagLocked(grant.page, kernels::PageTag{});
-  limbo_.push_back(grant.page);
-  ReclaimLocked();
-  return std::nullopt;
+  SetTagLocked(p, kernels::PageTag{});
+  limbo_.push_back(p);
 }
 
 void OwnershipTable::ReclaimLocked() {
@@ -285,7 +438,8 @@ std::optional<Violation> OwnershipTable::BeginCopy(const Owner& owner, const Pag
 std::optional<Violation> OwnershipTable::EndCopy(const Owner& owner, const PageGrant& grant) {
   std::lock_guard<std::mutex> lock(mu_);
   if (grant.page < 0 || static_cast<size_t>(grant.page) >= pages_.size()) {
-    return Violation{ViolationKind::kInvalidPage, owner, grant.page, -1, grant.generation, 0, {}};
+    return Violation{
+        ViolationKind::kInvalidPage, owner, grant.page, -1, grant.generation, 0, {}, 0};
   }
   Page& page = pages_[static_cast<size_t>(grant.page)];
   if (page.copies > 0 && page.copy_owner == owner) --page.copies;
@@ -298,7 +452,8 @@ std::optional<Violation> OwnershipTable::EndCopy(const Owner& owner, const PageG
                   -1,
                   grant.generation,
                   page.generation,
-                  page.owner};
+                  page.owner,
+                  page.domain};
   }
   ReclaimLocked();
   return v;
@@ -319,6 +474,25 @@ int OwnershipTable::limbo_pages() const {
   return static_cast<int>(limbo_.size());
 }
 
+int OwnershipTable::shared_pages() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int n = 0;
+  for (const Page& page : pages_) n += page.state == PageState::kShared;
+  return n;
+}
+
+int OwnershipTable::readers(int32_t page) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  ABSL_RAW_CHECK(page >= 0 && static_cast<size_t>(page) < pages_.size(), "readers: invalid page");
+  return static_cast<int>(pages_[static_cast<size_t>(page)].readers.size());
+}
+
+DomainId OwnershipTable::domain(int32_t page) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  ABSL_RAW_CHECK(page >= 0 && static_cast<size_t>(page) < pages_.size(), "domain: invalid page");
+  return pages_[static_cast<size_t>(page)].domain;
+}
+
 PageState OwnershipTable::state(int32_t page) const {
   std::lock_guard<std::mutex> lock(mu_);
   ABSL_RAW_CHECK(page >= 0 && static_cast<size_t>(page) < pages_.size(), "state: invalid page");
@@ -330,8 +504,7 @@ absl::Status OwnershipTable::RetireKey(TagKeyRing* ring, KeyId id) {
   std::lock_guard<std::mutex> lock(mu_);
   int held = 0;
   for (const Page& page : pages_) {
-    held += (page.state == PageState::kOwned || page.state == PageState::kQuarantined) &&
-            page.key_id == id;
+    held += Holds(page.state) && page.key_id == id;
   }
   if (held > 0) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -344,8 +517,7 @@ int OwnershipTable::pages_under_key(KeyId id) const {
   std::lock_guard<std::mutex> lock(mu_);
   int n = 0;
   for (const Page& page : pages_) {
-    n += (page.state == PageState::kOwned || page.state == PageState::kQuarantined) &&
-         page.key_id == id;
+    n += Holds(page.state) && page.key_id == id;
   }
   return n;
 }
@@ -371,8 +543,14 @@ absl::Status OwnershipTable::CheckAccounting() const {
     if (listed[p] != want) {
       return absl::InternalError(absl::StrCat("page ", p, " is on the wrong list for its state"));
     }
-    if (s != PageState::kOwned && (tags_[p].lo | tags_[p].hi) != 0) {
-      return absl::InternalError(absl::StrCat("page ", p, " is not owned but has a tag"));
+    if (s != PageState::kOwned && s != PageState::kShared && (tags_[p].lo | tags_[p].hi) != 0) {
+      return absl::InternalError(
+          absl::StrCat("page ", p, " is neither owned nor shared but has a tag"));
+    }
+    if ((s == PageState::kShared) != (pages_[p].domain != kNoDomain) ||
+        (s != PageState::kShared && !pages_[p].readers.empty())) {
+      return absl::InternalError(
+          absl::StrCat("page ", p, ": a domain or readers without being shared, or the reverse"));
     }
   }
   return absl::OkStatus();

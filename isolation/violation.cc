@@ -30,6 +30,14 @@ const char* ViolationKindName(ViolationKind kind) {
       return "tenant_quarantined";
     case ViolationKind::kAuditUnavailable:
       return "audit_unavailable";
+    case ViolationKind::kForeignDomainRead:
+      return "foreign_domain_read";
+    case ViolationKind::kNoReadGrant:
+      return "no_read_grant";
+    case ViolationKind::kReadAfterEviction:
+      return "read_after_eviction";
+    case ViolationKind::kWriteIntoSharedPage:
+      return "write_into_shared_page";
   }
   return "unknown";
 }
@@ -45,6 +53,7 @@ std::string DescribeViolation(const Violation& v) {
       absl::StrAppend(&s, ", owned by tenant ", v.actual_owner.tenant, " session ",
                       v.actual_owner.session);
     }
+    if (v.actual_domain != 0) absl::StrAppend(&s, ", shared in cache domain ", v.actual_domain);
   }
   return s;
 }

@@ -38,6 +38,11 @@ enum class ViolationKind : uint8_t {
   kSessionQuarantined,   // (strict) the session had a violation before; it is served no more
   kTenantQuarantined,    // (strict) the tenant reached its violation limit
   kAuditUnavailable,     // (strict) a violation could not be recorded: served no more until one is
+  // Shared (prefix-cache) pages, isolation/ownership_table.h:
+  kForeignDomainRead,    // a shared page of a cache domain the session's tenant may not read
+  kNoReadGrant,          // a shared page the session holds no read grant for
+  kReadAfterEviction,    // a read grant (or cache entry) for a shared page evicted since
+  kWriteIntoSharedPage,  // a write aimed at a shared, read-only page
 };
 
 // ViolationKindName returns the stable snake_case name used in audit records and metrics.
@@ -52,6 +57,7 @@ struct Violation {
   uint64_t expected_generation = 0;  // the grant's generation
   uint64_t actual_generation = 0;    // the table's generation at detection
   Owner actual_owner;                // the table's owner at detection (zero if none)
+  uint64_t actual_domain = 0;        // the shared page's cache domain at detection (0 if none)
 };
 
 // DescribeViolation returns a one-line, log-safe description (no tags, no keys).

@@ -31,10 +31,13 @@
 #include "isolation/tenant_policy.h"
 #include "isolation/violation.h"
 #include "kernels/formats.h"
+#include "tests/isolation/verdict.h"
 #include "tests/temp_dir.h"
 
 namespace kvguard::isolation {
 namespace {
+
+using kvguard::tests::Kind;
 
 using kernels::PageTag;
 using Type = AuditEvent::Type;
@@ -50,10 +53,6 @@ TenantPolicy Policy() {
   TenantPolicy p;
   p.tenants = {{"acme", Mode::kStrict, 3}, {"beta", Mode::kEnforce, 3}, {"gamma", Mode::kOff, 3}};
   return p;
-}
-
-std::string Kind(const std::optional<Violation>& v) {
-  return v ? ViolationKindName(v->kind) : "ok";
 }
 
 std::vector<AuditEvent> OfType(const std::vector<AuditEvent>& events, Type type) {

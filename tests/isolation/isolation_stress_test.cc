@@ -32,9 +32,12 @@
 #include "isolation/tag_key.h"
 #include "isolation/violation.h"
 #include "kernels/formats.h"
+#include "tests/isolation/verdict.h"
 
 namespace kvguard::isolation {
 namespace {
+
+using kvguard::tests::Kind;
 
 using kernels::LoadPageTag;
 using kernels::PageTag;
@@ -44,10 +47,6 @@ constexpr int kPages = 48;  // fewer than the sessions may hold together: grants
 constexpr int kOpsPerThread = 5000;
 constexpr size_t kMaxPagesPerSession = 8;
 constexpr uint32_t kSeed = 0x15c0a7;
-
-std::string Kind(const std::optional<Violation>& v) {
-  return v ? ViolationKindName(v->kind) : "ok";
-}
 
 bool IsZero(const PageTag& t) { return t.lo == 0 && t.hi == 0; }
 

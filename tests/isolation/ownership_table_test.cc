@@ -20,9 +20,12 @@
 #include "isolation/tag_key.h"
 #include "isolation/violation.h"
 #include "kernels/formats.h"
+#include "tests/isolation/verdict.h"
 
 namespace kvguard::isolation {
 namespace {
+
+using kvguard::tests::Kind;
 
 using kernels::LoadPageTag;
 using kernels::PageTag;
@@ -36,11 +39,6 @@ std::unique_ptr<TagKeyRing> NewRing() {
   absl::StatusOr<std::unique_ptr<TagKeyRing>> ring = TagKeyRing::CreateEphemeral();
   EXPECT_TRUE(ring.ok()) << ring.status();
   return ring.ok() ? *std::move(ring) : nullptr;
-}
-
-// Kind returns "ok" or the violation's name, so a failed expectation reads as a verdict.
-std::string Kind(const std::optional<Violation>& v) {
-  return v ? ViolationKindName(v->kind) : "ok";
 }
 
 // FlipByte returns `v` with byte `i` of its object representation XORed with 0x42.
