@@ -140,11 +140,11 @@ std::optional<Violation> OwnershipTable::CheckLocked(const Owner& owner, const P
   if (v.kind == ViolationKind::kInvalidPage) return v;
   const Page& page = pages_[static_cast<size_t>(grant.page)];
   const bool current = page.generation == grant.generation;
-  // A shared page has no owner session: a private grant to it is another's (or stale).
   if (page.state == PageState::kFree || page.state == PageState::kLimbo) {
     v.kind = current ? ViolationKind::kPageNotOwned : ViolationKind::kStaleGeneration;
     return v;
   }
+  // A shared page has no owner session: a private grant to it is another's (or stale).
   if (!(page.owner == owner)) {
     v.kind = current ? ViolationKind::kWrongOwner : ViolationKind::kStaleGeneration;
     return v;
